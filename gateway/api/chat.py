@@ -1,0 +1,56 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway.api.passthrough import forward_json
+from gateway.context import gateway_of
+from gateway.errors import GatewayError
+from gateway.run import ChatRun
+from gateway.upstream.client import UpstreamHTTPError
+
+STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+async def chat_completions(request: Request) -> Response:
+    started = time.perf_counter()
+    gateway = gateway_of(request)
+    client_authorization = gateway.auth.authorize(request)
+    body = await gateway.read_json(request)
+    route = gateway.router.resolve(body.get("model"))
+    if not body.get("stream") and body.get("n") not in (None, 1):
+        # Several choices: relayed as they are, without the single-answer assembly.
+        return await forward_json(request, gateway, route.legs[0], body, client_authorization)
+
+    run = ChatRun(
+        route=route,
+        body=body,
+        client_authorization=client_authorization,
+        upstreams=gateway.upstreams,
+        metrics=gateway.metrics,
+        started=started,
+    )
+    headers = {"x-run-id": run.id}
+    try:
+        await run.open()
+        if run.stream:
+            return StreamingResponse(
+                run.aiter_sse(), media_type="text/event-stream", headers=STREAM_HEADERS | headers
+            )
+        completion = await run.collect()
+    except UpstreamHTTPError as exc:
+        # The upstream's own 4xx/5xx before any stream: passed through unchanged.
+        gateway.count(route.name, "POST", exc.status_code)
+        return Response(exc.content, exc.status_code, headers=dict(exc.headers) | headers)
+    except GatewayError as exc:
+        gateway.count(route.name, "POST", exc.status_code)
+        response = exc.response()
+        response.headers.update(headers)
+        return response
+    gateway.count(route.name, "POST", 200)
+    return Response(orjson.dumps(completion), media_type="application/json", headers=headers)

@@ -1,0 +1,124 @@
+"""Everything under /v1 that is not a chat completion: relayed unchanged, streams streamed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.context import Gateway, gateway_of
+from gateway.errors import GatewayError
+from gateway.upstream.client import end_to_end_headers
+from gateway.upstream.routes import ResolvedLeg
+
+logger = logging.getLogger("gateway.passthrough")
+
+# Request headers the gateway sets itself (or must not pass on).
+_OWN_HEADERS = frozenset({"authorization", "accept-encoding"})
+
+
+def _upstream_path(request: Request) -> str:
+    path = request.url.path.removeprefix("/v1")
+    return f"{path}?{request.url.query}" if request.url.query else path
+
+
+async def _aiter_raw(response: httpx.Response) -> AsyncIterator[bytes]:
+    # A transport error after the status line was sent can only end the body early;
+    # it must not surface as an application exception.
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    except httpx.TransportError as exc:
+        logger.warning("upstream body broke mid-way in pass-through: %s", type(exc).__name__)
+
+
+async def relay(
+    request: Request,
+    gateway: Gateway,
+    leg: ResolvedLeg,
+    content: bytes,
+    client_authorization: str | None,
+) -> Response:
+    headers = {
+        k: v for k, v in end_to_end_headers(request.headers.items()) if k not in _OWN_HEADERS
+    }
+    headers.update(gateway.upstreams.auth_headers(leg.upstream, client_authorization))
+    response = await gateway.upstreams.forward(
+        leg.upstream, request.method, _upstream_path(request), headers, content
+    )
+    return StreamingResponse(
+        _aiter_raw(response),
+        status_code=response.status_code,
+        headers=dict(end_to_end_headers(response.headers.multi_items())),
+        background=BackgroundTask(response.aclose),
+    )
+
+
+async def forward_json(
+    request: Request,
+    gateway: Gateway,
+    leg: ResolvedLeg,
+    body: dict[str, Any],
+    client_authorization: str | None,
+) -> Response:
+    """Relay a JSON request with the leg's model name."""
+    if body.get("model") != leg.model:
+        body = body | {"model": leg.model}
+    return await relay(request, gateway, leg, orjson.dumps(body), client_authorization)
+
+
+async def passthrough(request: Request) -> Response:
+    """Any other /v1 path, routed by the body's ``model`` when there is one."""
+    gateway = gateway_of(request)
+    client_authorization = gateway.auth.authorize(request)
+    content = await gateway.read_body(request)
+    if content and "json" in request.headers.get("content-type", ""):
+        try:
+            parsed = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            parsed = None  # the upstream judges its own input
+        if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
+            leg = gateway.router.resolve(parsed["model"]).legs[0]
+            return await forward_json(request, gateway, leg, parsed, client_authorization)
+    return await relay(
+        request, gateway, gateway.router.default_leg(), content, client_authorization
+    )
+
+
+async def list_models(request: Request) -> Response:
+    """The default upstream's models, plus every route that names a model exactly."""
+    gateway = gateway_of(request)
+    client_authorization = gateway.auth.authorize(request)
+    leg = gateway.router.default_leg()
+    headers = gateway.upstreams.auth_headers(leg.upstream, client_authorization)
+    models: list[dict[str, Any]] = []
+    try:
+        response = await gateway.upstreams.forward(leg.upstream, "GET", "/models", headers, b"")
+        try:
+            content = await response.aread()
+        finally:
+            await response.aclose()
+        if 400 <= response.status_code < 500:
+            return Response(
+                content,
+                response.status_code,
+                headers=dict(end_to_end_headers(response.headers.multi_items())),
+            )
+        listed = orjson.loads(content).get("data") if response.status_code == 200 else None
+        if isinstance(listed, list):
+            models = [m for m in listed if isinstance(m, dict)]
+    except (GatewayError, httpx.TransportError, orjson.JSONDecodeError, AttributeError):
+        logger.warning("could not list the models of upstream %r", leg.upstream.name)
+    known = {m.get("id") for m in models}
+    models += [
+        {"id": name, "object": "model", "created": 0, "owned_by": "resumable-gateway"}
+        for name in gateway.router.literal_models()
+        if name not in known
+    ]
+    return JSONResponse({"object": "list", "data": models})

@@ -1,0 +1,88 @@
+"""The Starlette application: routes, error handlers, and the lifespan that owns clients."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.api import ops
+from gateway.api.chat import chat_completions
+from gateway.api.passthrough import list_models, passthrough
+from gateway.config import GatewayConfig, default_config, load_config
+from gateway.context import Gateway
+from gateway.errors import GatewayError, error_body
+from gateway.metrics import Metrics
+
+logger = logging.getLogger("gateway")
+
+CONFIG_ENV = "GATEWAY_CONFIG"
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
+    if gateway is not None:
+        gateway.count("none", request.method, exc.status_code)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = exc.detail if exc.status_code != 404 else f"Unknown path {request.url.path}."
+    body = orjson.dumps(error_body(message, "invalid_request_error", str(exc.status_code)))
+    return Response(body, exc.status_code, media_type="application/json", headers=exc.headers)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    # The traceback goes to the log, never to the client.
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return GatewayError("The gateway failed to handle the request.").response()
+
+
+def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gateway = Gateway(config, metrics)
+        app.state.gateway = gateway
+        try:
+            yield
+        finally:
+            await gateway.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/{path:path}", passthrough, methods=ALL_METHODS),
+        Route("/healthz", ops.healthz, methods=["GET"]),
+        Route("/readyz", ops.readyz, methods=["GET"]),
+        Route("/metrics", ops.metrics, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+    )
+
+
+def config_from_env() -> GatewayConfig:
+    path = os.environ.get(CONFIG_ENV)
+    return load_config(path) if path else default_config()
+
+
+def create_app_from_env() -> Starlette:
+    """Factory for uvicorn (``--workers`` needs an import string): config from the env."""
+    return create_app(config_from_env())

@@ -1,0 +1,104 @@
+"""``resumable-gateway``: serve | chaos-upstream | check-config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+from gateway.app import CONFIG_ENV
+from gateway.config import ConfigError, GatewayConfig, default_config, describe, load_config
+
+
+def _load(path: str | None) -> GatewayConfig:
+    return load_config(path) if path else default_config()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    config = _load(args.config)  # fail fast, in the parent, with a clear message
+    if args.config:
+        os.environ[CONFIG_ENV] = os.path.abspath(args.config)
+    else:
+        os.environ.pop(CONFIG_ENV, None)
+    uvicorn.run(
+        "gateway.app:create_app_from_env",
+        factory=True,
+        host=args.host or config.listen.host,
+        port=config.listen.port if args.port is None else args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=args.log_level,
+        access_log=False,
+        # The gateway holds streams open for minutes; let the client decide.
+        timeout_keep_alive=30,
+    )
+    return 0
+
+
+def cmd_chaos_upstream(args: argparse.Namespace) -> int:
+    from gateway.chaos import serve
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.host, args.port))
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    print(describe(_load(args.file)))
+    print("config OK")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="resumable-gateway",
+        description="An OpenAI-compatible gateway that recovers LLM streams that break mid-way.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the gateway. Without --config: embedded defaults (one upstream from "
+        "GATEWAY_UPSTREAM_BASE_URL / GATEWAY_UPSTREAM_API_KEY, in-memory state, no Redis).",
+    )
+    serve.add_argument("--config", metavar="FILE", default=os.environ.get(CONFIG_ENV))
+    serve.add_argument("--host", help="listen address (default: listen.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default: listen.port, 8080)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=cmd_serve)
+
+    chaos = commands.add_parser(
+        "chaos-upstream",
+        help="run the fault-injecting OpenAI-compatible upstream (tests, benchmarks, demo)",
+        description="Serve deterministic chat completions and inject transport faults chosen "
+        "by the model name, e.g. model 'chaos:text=40,fault=reset,at=12,times=1'.",
+    )
+    chaos.add_argument("--host", default="127.0.0.1")
+    chaos.add_argument("--port", type=int, default=9000)
+    chaos.set_defaults(func=cmd_chaos_upstream)
+
+    check = commands.add_parser(
+        "check-config",
+        help="validate a config file and print the resolved routes (secrets masked)",
+    )
+    check.add_argument("file", nargs="?", help="config file (default: embedded defaults)")
+    check.set_defaults(func=cmd_check_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"resumable-gateway: {exc}", file=sys.stderr)
+        return 2
+    return code

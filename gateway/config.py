@@ -1,0 +1,245 @@
+"""Typed configuration: a YAML file with ``${ENV}`` interpolation, or embedded defaults.
+
+Validation happens once, at start-up, and a bad file fails with a message that
+names the key and says what was expected. Secrets are ``SecretStr`` so that a
+stray ``repr`` or log line never shows them; ``describe()`` masks them too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+ENV_PREFIX = "GATEWAY_"
+DEFAULT_UPSTREAM_URL = "https://api.openai.com/v1"
+
+Continuation = Literal["prompt", "vllm", "prefix", "none"]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says where and why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Listen(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class Timeouts(_Model):
+    connect: float = Field(default=5.0, gt=0, description="TCP + TLS connect, seconds")
+    first_byte: float = Field(
+        default=60.0, gt=0, description="until response headers and first event"
+    )
+    idle: float = Field(default=60.0, gt=0, description="longest silence once the stream started")
+
+
+class Upstream(_Model):
+    name: str = Field(min_length=1)
+    base_url: str = Field(pattern=r"^https?://")  # up to, not including, /chat/completions
+    api_key: SecretStr | None = None
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    timeouts: Timeouts = Timeouts()
+    continuation: Continuation = "prompt"
+
+    @property
+    def root(self) -> str:
+        return self.base_url.rstrip("/")
+
+
+class Leg(_Model):
+    upstream: str
+    model: str | None = Field(
+        default=None, description="model sent upstream; default: the client's"
+    )
+
+
+class Route(_Model):
+    match: str = Field(min_length=1)  # a model name or a glob, e.g. gpt-4o*
+    upstream: str
+    model: str | None = None
+    fallbacks: list[Leg] = Field(default_factory=list)
+
+    @property
+    def legs(self) -> list[Leg]:
+        return [Leg(upstream=self.upstream, model=self.model), *self.fallbacks]
+
+    def matches(self, model: str) -> bool:
+        return fnmatch.fnmatchcase(model, self.match)
+
+
+class Auth(_Model):
+    # Empty: the client's Authorization header is passed to upstreams that have no
+    # api_key of their own. Non-empty: clients must present one of these keys,
+    # and it is never forwarded.
+    keys: list[SecretStr] = Field(default_factory=list)
+
+
+class Limits(_Model):
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # httpx's default pool of 100 connections would cap concurrent streams at 100.
+    max_connections: int = Field(default=4096, gt=0)
+    max_keepalive_connections: int = Field(default=512, ge=0)
+
+
+class State(_Model):
+    redis_url: SecretStr | None = Field(
+        None, description="redis://, rediss://, redis+sentinel:// or a cluster URL; unset: memory"
+    )
+
+
+class GatewayConfig(_Model):
+    listen: Listen = Listen()
+    upstreams: list[Upstream] = Field(min_length=1)
+    routes: list[Route] = Field(default_factory=list)
+    auth: Auth = Auth()
+    limits: Limits = Limits()
+    state: State = State()
+
+    @model_validator(mode="after")
+    def _check_references(self) -> GatewayConfig:
+        names = [u.name for u in self.upstreams]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"upstream names must be unique; repeated: {', '.join(duplicates)}")
+        for i, route in enumerate(self.routes):
+            for leg in route.legs:
+                if leg.upstream not in names:
+                    raise ValueError(
+                        f"routes.{i} ({route.match!r}) names upstream {leg.upstream!r}, "
+                        f"which is not defined (defined: {', '.join(names)})"
+                    )
+        return self
+
+    @property
+    def effective_routes(self) -> list[Route]:
+        """The configured routes, or one catch-all route to the first upstream."""
+        return self.routes or [Route(match="*", upstream=self.upstreams[0].name)]
+
+    def upstream(self, name: str) -> Upstream:
+        return next(u for u in self.upstreams if u.name == name)
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate_env(node: Any, env: Mapping[str, str], path: str = "") -> Any:
+    """Replace ``${VAR}`` and ``${VAR:-default}`` in every string of a YAML tree."""
+    if isinstance(node, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{path or '<root>'}: environment variable {name} is not set")
+
+        return _ENV_REF.sub(substitute, node)
+    if isinstance(node, dict):
+        return {
+            k: interpolate_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [interpolate_env(v, env, f"{path}.{i}") for i, v in enumerate(node)]
+    return node
+
+
+def parse_config(data: Any, source: str = "config") -> GatewayConfig:
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            key = ".".join(str(p) for p in err["loc"]) or "<root>"
+            message = err["msg"]
+            if err["type"] not in {"missing", "extra_forbidden"} and "input" in err:
+                shown = err["input"]
+                if not isinstance(shown, dict | list):
+                    message += f" (got {shown!r})"
+            problems.append(f"  {key}: {message}")
+        raise ConfigError(f"{source} is invalid:\n" + "\n".join(problems)) from None
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return parse_config(interpolate_env(raw, os.environ if env is None else env), str(path))
+
+
+def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The embedded defaults: one upstream from the environment, in-memory state.
+
+    ``GATEWAY_UPSTREAM_BASE_URL`` (default: OpenAI), ``GATEWAY_UPSTREAM_API_KEY``
+    (unset: the client's own key is passed through), ``GATEWAY_REDIS_URL``.
+    The client-side ``OPENAI_*`` variables are deliberately not read: clients
+    set ``OPENAI_BASE_URL`` to the gateway itself.
+    """
+    env = os.environ if env is None else env
+    upstream: dict[str, Any] = {
+        "name": "default",
+        "base_url": env.get(ENV_PREFIX + "UPSTREAM_BASE_URL", DEFAULT_UPSTREAM_URL),
+    }
+    if key := env.get(ENV_PREFIX + "UPSTREAM_API_KEY"):
+        upstream["api_key"] = key
+    data: dict[str, Any] = {"upstreams": [upstream]}
+    if redis_url := env.get(ENV_PREFIX + "REDIS_URL"):
+        data["state"] = {"redis_url": redis_url}
+    return parse_config(data, "embedded defaults")
+
+
+def mask(secret: SecretStr | None) -> str:
+    if secret is None:
+        return "(none)"
+    value = secret.get_secret_value()
+    return "****" + value[-4:] if len(value) >= 16 else "****"
+
+
+def mask_url(secret: SecretStr) -> str:
+    """A URL with its password (if any) masked: ``redis://:****@host:6379/0``."""
+    parts = urlsplit(secret.get_secret_value())
+    if parts.password is None:
+        return parts.geturl()
+    netloc = parts.netloc.rpartition("@")
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:****@{netloc[2]}").geturl()
+
+
+def describe(config: GatewayConfig) -> str:
+    """A human-readable summary with every secret masked (``check-config``)."""
+    lines = [f"listen: {config.listen.host}:{config.listen.port}", "upstreams:"]
+    for u in config.upstreams:
+        t = u.timeouts
+        key = mask(u.api_key) if u.api_key else "(client's key passed through)"
+        lines.append(
+            f"  {u.name}: {u.root}  key={key}  continuation={u.continuation}  "
+            f"timeouts(connect={t.connect:g}s first_byte={t.first_byte:g}s idle={t.idle:g}s)"
+        )
+        lines.extend(f"    header {h}: {mask(v)}" for h, v in u.headers.items())
+    lines.append("routes (first match wins):")
+    for route in config.effective_routes:
+        legs = " -> ".join(f"{leg.upstream}/{leg.model or '<requested>'}" for leg in route.legs)
+        lines.append(f"  {route.match}: {legs}")
+    auth = f"{len(config.auth.keys)} gateway key(s)" if config.auth.keys else "pass-through"
+    lines.append(f"auth: {auth}")
+    redis_url = config.state.redis_url
+    lines.append(f"state: {'redis ' + mask_url(redis_url) if redis_url else 'memory'}")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""Errors the gateway answers with, and their OpenAI-shaped bodies.
+
+Every error a client sees from the gateway itself has the body
+``{"error": {"message": ..., "type": ..., "code": ...}}`` that OpenAI SDKs parse.
+Errors from an upstream's own 4xx pass through unchanged and never come here.
+
+The hierarchy::
+
+    GatewayError                 status, type, code; .body() / .response()
+    ├── InvalidRequest           400 invalid_request_error (bad JSON, bad fields)
+    ├── Unauthorized             401 authentication_error (bad or missing gateway key)
+    ├── NotFound                 404 invalid_request_error (unknown model, path, run)
+    ├── PayloadTooLarge          413 invalid_request_error
+    └── UpstreamFailure          502 upstream_error (unreachable, broken, bad answer)
+        └── UpstreamTimeout      504 upstream_error (no first byte in time)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+
+class GatewayError(Exception):
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.error_type, self.code)
+
+    def response(self) -> Response:
+        return Response(
+            orjson.dumps(self.body()),
+            status_code=self.status_code,
+            media_type="application/json",
+        )
+
+
+class InvalidRequest(GatewayError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(GatewayError):
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamFailure(GatewayError):
+    status_code = 502
+    error_type = "upstream_error"
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamFailure):
+    status_code = 504
+    code = "upstream_timeout"
+
+
+def error_body(message: str, error_type: str, code: str | int | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+
+
+def sse_error_event(error: GatewayError) -> bytes:
+    """The in-band error event that ends a stream that cannot be completed.
+
+    The openai SDK raises ``APIError`` when it decodes this, so a broken answer is
+    never mistaken for a complete one (ARCHITECTURE.md section 2, item 6).
+    """
+    return b"data: " + orjson.dumps(error.body()) + b"\n\n"

@@ -1,0 +1,57 @@
+"""Prometheus metrics. Labels stay low-cardinality: route patterns, upstream names,
+causes and statuses; never a run id, a model requested by a client, a prompt or a key.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# LLM latencies span from tens of milliseconds (cached, small models) to a minute
+# (reasoning models before their first token).
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
+DURATION_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests_total",
+            "Requests answered, by route pattern, method and HTTP status.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.active_streams = Gauge(
+            "gateway_active_streams", "Client streams currently open.", registry=r
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "From request received to the first content delta sent to the client.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stream_duration = Histogram(
+            "gateway_stream_duration_seconds",
+            "From request received to the end of the client stream.",
+            ["route"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.interruptions = Counter(
+            "gateway_interruptions_total",
+            "Upstream streams that broke, by upstream and cause.",
+            ["upstream", "cause"],
+            registry=r,
+        )
+        self.malformed_events = Counter(
+            "gateway_upstream_malformed_events_total",
+            "Upstream SSE events that were not JSON objects (skipped).",
+            ["upstream"],
+            registry=r,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

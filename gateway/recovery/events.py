@@ -1,0 +1,60 @@
+"""Normalized upstream events: what one SSE ``data:`` payload means to the gateway."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A ``chat.completion.chunk``; ``data`` is the payload as received, for pass-through."""
+
+    data: str
+    obj: dict[str, Any]
+
+
+@dataclass(slots=True)
+class InBandError:
+    """``{"error": ...}`` sent inside a 200 stream (OpenRouter, vLLM)."""
+
+    error: dict[str, Any]
+
+    @property
+    def message(self) -> str:
+        message = self.error.get("message")
+        return message if isinstance(message, str) and message else "upstream error"
+
+
+@dataclass(slots=True)
+class Done:
+    """``data: [DONE]``."""
+
+
+@dataclass(slots=True)
+class Malformed:
+    """A payload that is not a JSON object; skipped and counted, never fatal."""
+
+    data: str
+
+
+Event = Chunk | InBandError | Done | Malformed
+
+DONE = Done()
+
+
+def parse_event(data: str) -> Event:
+    if data == "[DONE]":
+        return DONE
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return Malformed(data)
+    if not isinstance(obj, dict):
+        return Malformed(data)
+    error = obj.get("error")
+    if error is not None:
+        return InBandError(error if isinstance(error, dict) else {"message": str(error)})
+    return Chunk(data, obj)
