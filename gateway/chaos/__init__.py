@@ -1,0 +1,33 @@
+"""The chaos upstream: a real OpenAI-compatible server that breaks streams on request.
+
+The gateway's tests, benchmarks and demo point at it. A request's model name (or
+its ``x-chaos`` header) is a spec, ``chaos:text=40,fault=reset,at=12,times=1``,
+that picks a deterministic answer and a transport fault (``spec.py``); a request
+that carries an assistant prefix of that answer is answered from where the
+prefix ends, as a model continuing a broken stream would be (``answer.py``).
+
+Modules: ``spec`` (grammar), ``answer`` (content and deltas), ``render`` (bytes),
+``http11`` (the minimal HTTP/1.1), ``wire`` (writing bodies: batched, paced, split),
+``faults`` (what each fault sends, and how the socket breaks), ``server``
+(``ChaosUpstream``), ``runner`` (in a thread, or as the process's server).
+"""
+
+from __future__ import annotations
+
+from gateway.chaos.answer import Answer, ToolCall, expected_answer
+from gateway.chaos.runner import run, running_chaos_upstream, serve
+from gateway.chaos.server import ChaosUpstream, RecordedRequest
+from gateway.chaos.spec import ChaosSpec, parse_spec
+
+__all__ = [
+    "Answer",
+    "ChaosSpec",
+    "ChaosUpstream",
+    "RecordedRequest",
+    "ToolCall",
+    "expected_answer",
+    "parse_spec",
+    "run",
+    "running_chaos_upstream",
+    "serve",
+]

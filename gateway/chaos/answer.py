@@ -1,0 +1,256 @@
+"""The deterministic answer of a spec, and its deltas pre-encoded for the wire.
+
+An answer is a function of ``(text, reasoning, tools, arg_deltas, seed)`` only, so a
+test can compute what an uninterrupted stream says (``expected_answer``) and the
+server can recognise a continuation: an assistant prefix of the answer text,
+from which it resumes at that character offset.
+
+Every delta is JSON-encoded once per answer (``script_for`` is cached): the
+server is the upstream of benchmarks with hundreds of concurrent streams, and
+sending a chunk must cost a few byte concatenations, not a JSON encoding.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import random
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import orjson
+
+from gateway.chaos.spec import ChaosSpec, parse_spec
+
+# Words a real model emits, mixed to break byte-level handling: 2-, 3- and 4-byte
+# UTF-8, and a ZWJ emoji sequence (three code points, one glyph).
+_WORDS = (
+    "the", "stream", "gateway", "resumes", "every", "token", "after", "a", "reset",
+    "model", "answer", "is", "byte", "exact", "and", "recovery", "continues", "where",
+    "it", "left", "off", "café", "naïve", "Zürich", "señor", "über", "façade", "crème",
+    "Ångström", "你好", "世界", "東京", "数据流", "🌍", "👩‍💻", "🚀", "✨",
+)  # fmt: skip
+# Every third delta leads with one of these, so even a short answer holds them all.
+_TRICKY = ("👩‍💻", "你好", "Zürich", "🌍", "世界", "naïve", "東京", "café", "🚀", "señor", "数据流")
+_PUNCTUATION = (",", ".", "!", "?", ";", ":", "…")
+_CITIES = ("Zürich 東京", "São Paulo 🌎", "Kraków", "北京", "Montréal", "Reykjavík")
+
+_NO_FINISH = b',"finish_reason":null'
+ROLE_BODY = b'{"role":"assistant","content":""}' + _NO_FINISH
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an uninterrupted response says, for test assertions."""
+
+    text: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+
+
+class Plan(NamedTuple):
+    """The deltas of one response: chunk bodies (``delta`` and ``finish_reason`` members)
+    and whether each carries content, which is what a fault's ``at=`` counts."""
+
+    bodies: list[bytes]
+    counts: list[bool]
+
+
+@dataclass(frozen=True)
+class Script:
+    """One answer as deltas, with each delta's chunk body pre-encoded."""
+
+    text: str
+    text_deltas: tuple[str, ...]
+    starts: tuple[int, ...]  # character offset of each text delta in ``text``
+    reasoning_deltas: tuple[str, ...]
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str
+    text_bodies: tuple[bytes, ...]
+    reasoning_bodies: tuple[bytes, ...]
+    tool_bodies: tuple[bytes, ...]  # per call: its header, then its argument fragments
+    tool_counts: tuple[bool, ...]
+    finish_body: bytes
+    legacy_bodies: tuple[bytes, ...]  # /v1/completions: one per text delta, then the finish
+
+
+def _deltas(count: int, salt: str, seed: int) -> tuple[str, ...]:
+    # One generator per answer: text=40 starts with the same deltas as text=20.
+    rng = random.Random(f"chaos:{salt}:{seed}")
+    deltas = []
+    for index in range(count):
+        pieces = []
+        for position in range(rng.randint(1, 3)):
+            if position and rng.random() < 0.2:
+                pieces.append(rng.choice(_PUNCTUATION))
+                continue
+            word = rng.choice(_WORDS)
+            if position == 0 and index % 3 == 1:
+                word = _TRICKY[(seed + index // 3) % len(_TRICKY)]
+            # Like a real model: the first token has no leading space, the rest do.
+            pieces.append(word if index == 0 and position == 0 else " " + word)
+        deltas.append("".join(pieces))
+    return tuple(deltas)
+
+
+def _tool_call(index: int, seed: int) -> ToolCall:
+    rng = random.Random(f"chaos:tool:{seed}:{index}")
+    arguments = {
+        "city": _CITIES[(seed + index) % len(_CITIES)],
+        "query": " ".join(rng.choice(_WORDS) for _ in range(3)),
+        "n": 3 + index,
+        "k": index,
+    }
+    return ToolCall(f"call_{index}_{seed}", f"tool_{index}", orjson.dumps(arguments).decode())
+
+
+def _fragments(arguments: str, count: int, seed: int) -> list[str]:
+    """Split at arbitrary character positions; only the concatenation is valid JSON."""
+    count = min(count, len(arguments))  # every fragment holds at least one character
+    rng = random.Random(f"chaos:fragments:{seed}:{arguments}")
+    bounds = [0, *sorted(rng.sample(range(1, len(arguments)), count - 1)), len(arguments)]
+    return [arguments[start:end] for start, end in itertools.pairwise(bounds)]
+
+
+def _delta_body(delta: dict[str, Any]) -> bytes:
+    return orjson.dumps(delta) + _NO_FINISH
+
+
+def _content_body(text: str) -> bytes:
+    return b'{"content":' + orjson.dumps(text) + b"}" + _NO_FINISH
+
+
+@functools.lru_cache(maxsize=256)
+def _script(text: int, reasoning: int, tools: int, arg_deltas: int, seed: int) -> Script:
+    text_deltas = _deltas(text, "text", seed)
+    reasoning_deltas = _deltas(reasoning, "reasoning", seed)
+    calls = tuple(_tool_call(index, seed) for index in range(tools))
+    tool_bodies: list[bytes] = []
+    tool_counts: list[bool] = []
+    for index, call in enumerate(calls):
+        function = {"name": call.name, "arguments": ""}
+        header = {"index": index, "id": call.id, "type": "function", "function": function}
+        tool_bodies.append(_delta_body({"tool_calls": [header]}))
+        tool_counts.append(False)
+        for fragment in _fragments(call.arguments, arg_deltas, seed):
+            part = {"index": index, "function": {"arguments": fragment}}
+            tool_bodies.append(_delta_body({"tool_calls": [part]}))
+            tool_counts.append(True)
+    starts, offset = [], 0
+    for delta in text_deltas:
+        starts.append(offset)
+        offset += len(delta)
+    finish_reason = "tool_calls" if calls else "stop"
+    return Script(
+        text="".join(text_deltas),
+        text_deltas=text_deltas,
+        starts=tuple(starts),
+        reasoning_deltas=reasoning_deltas,
+        tool_calls=calls,
+        finish_reason=finish_reason,
+        text_bodies=tuple(_content_body(delta) for delta in text_deltas),
+        reasoning_bodies=tuple(_delta_body({"reasoning_content": d}) for d in reasoning_deltas),
+        tool_bodies=tuple(tool_bodies),
+        tool_counts=tuple(tool_counts),
+        finish_body=b'{},"finish_reason":' + orjson.dumps(finish_reason),
+        legacy_bodies=tuple(b'"text":' + orjson.dumps(delta) + _NO_FINISH for delta in text_deltas)
+        + (b'"text":"","finish_reason":"stop"',),
+    )
+
+
+def script_for(spec: ChaosSpec) -> Script:
+    return _script(spec.text, spec.reasoning, spec.tools, spec.arg_deltas, spec.seed)
+
+
+def expected_answer(spec: ChaosSpec | str) -> Answer:
+    """The answer of an uninterrupted (fresh, fault-free) response to ``spec``."""
+    script = script_for(parse_spec(spec) if isinstance(spec, str) else spec)
+    return Answer(
+        text=script.text,
+        reasoning="".join(script.reasoning_deltas),
+        tool_calls=list(script.tool_calls),
+        finish_reason=script.finish_reason,
+    )
+
+
+def _content(message: Any) -> str:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # content parts
+        parts = (part.get("text") for part in content if isinstance(part, dict))
+        return "".join(text for text in parts if isinstance(text, str))
+    return content if isinstance(content, str) else ""
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None
+
+
+def find_prefix(body: dict[str, Any], text: str) -> str:
+    """The assistant prefix of ``text`` this request continues from ("" for a fresh one).
+
+    Three shapes: an assistant message followed by a user "continue" message; vLLM's
+    ``continue_final_message``; Mistral's ``"prefix": true`` on the last message.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return ""
+    last = messages[-1]
+    if _role(last) == "assistant":
+        continued = body.get("continue_final_message") is True or last.get("prefix") is True
+        prefix = _content(last) if continued else ""
+    elif _role(last) == "user" and len(messages) >= 2 and _role(messages[-2]) == "assistant":
+        prefix = _content(messages[-2])
+    else:
+        prefix = ""
+    return prefix if text.startswith(prefix) else ""
+
+
+def echo_of(spec: ChaosSpec, prefix: str) -> str:
+    """What a continuation repeats before resuming: the whole prefix, its tail, or nothing."""
+    if spec.echo_prefix:
+        return prefix
+    return prefix[-spec.echo :] if spec.echo else ""
+
+
+def chat_plan(script: Script, prefix: str = "", echo: str = "") -> Plan:
+    """The chunk bodies of a chat response resuming after ``prefix`` of the answer text.
+
+    Reasoning comes again on a continuation (a real model reasons anew); the text
+    resumes mid-delta if the prefix ended there; tool calls always come whole.
+    """
+    bodies = [ROLE_BODY, *script.reasoning_bodies]
+    counts = [False] + [True] * len(script.reasoning_bodies)
+    if echo:
+        bodies.append(_content_body(echo))
+        counts.append(True)
+    index = 0
+    if prefix:
+        index = bisect.bisect_right(script.starts, len(prefix)) - 1
+        consumed = len(prefix) - script.starts[index]
+        if consumed:
+            remainder = script.text_deltas[index][consumed:]
+            if remainder:
+                bodies.append(_content_body(remainder))
+                counts.append(True)
+            index += 1
+    bodies += script.text_bodies[index:]
+    counts += [True] * (len(script.text_bodies) - index)
+    bodies += script.tool_bodies
+    counts += script.tool_counts
+    bodies.append(script.finish_body)
+    counts.append(False)
+    return Plan(bodies, counts)
+
+
+def legacy_plan(script: Script) -> Plan:
+    """The ``text_completion`` chunk bodies: the answer text only, then the finish."""
+    return Plan(list(script.legacy_bodies), [True] * len(script.text_deltas) + [False])

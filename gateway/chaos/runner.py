@@ -1,0 +1,75 @@
+"""Ways to run the chaos upstream: in a thread (sync tests), or as the process's server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from gateway.chaos.server import ChaosUpstream
+
+_START_TIMEOUT = 10.0
+
+
+@contextlib.contextmanager
+def running_chaos_upstream(host: str = "127.0.0.1", port: int = 0) -> Iterator[ChaosUpstream]:
+    """Run a ChaosUpstream on its own event loop in a daemon thread; stop it on exit."""
+    upstream = ChaosUpstream(host, port)
+    started = threading.Event()
+    failure: list[BaseException] = []
+    control: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        try:
+            await upstream.start()
+        except Exception as exc:  # raised again in the caller's thread
+            failure.append(exc)
+            return
+        finally:
+            control.append((asyncio.get_running_loop(), stop))
+            started.set()
+        try:
+            await stop.wait()
+        finally:
+            await upstream.aclose()
+
+    thread = threading.Thread(
+        target=lambda: asyncio.run(main()), name="chaos-upstream", daemon=True
+    )
+    thread.start()
+    if not started.wait(_START_TIMEOUT):
+        raise RuntimeError("the chaos upstream did not start")
+    if failure:
+        thread.join(_START_TIMEOUT)
+        raise failure[0]
+    loop, stop = control[0]
+    try:
+        yield upstream
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(_START_TIMEOUT)
+
+
+async def serve(host: str, port: int) -> None:
+    """Serve until cancelled; say where once bound (``resumable-gateway chaos-upstream``)."""
+    upstream = ChaosUpstream(host, port)
+    await upstream.start()
+    print(f"chaos upstream listening on {upstream.base_url}", flush=True)
+    try:
+        await upstream.serve_forever()
+    finally:
+        await upstream.aclose()
+
+
+def run(host: str = "127.0.0.1", port: int = 8001) -> None:
+    """Block serving ``serve(host, port)``, on uvloop when it is installed, until Ctrl-C."""
+    try:
+        import uvloop
+    except ImportError:
+        runner = asyncio.Runner()
+    else:
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    with contextlib.suppress(KeyboardInterrupt), runner:
+        runner.run(serve(host, port))

@@ -1,0 +1,324 @@
+"""The chaos upstream: an OpenAI-compatible HTTP/1.1 server that breaks streams on request.
+
+One task per connection (``asyncio.start_server``); a connection's requests are
+served one at a time. The shared state (recorded requests, ``times=`` counters)
+is only touched from the server's event loop, so it needs no lock.
+
+A request's spec (``spec.py``) picks its answer and its fault. Faults act on real
+sockets: a RST, a FIN without the last chunk, a stall, in-band errors, error
+statuses; see ``faults.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from gateway.chaos import render
+from gateway.chaos.answer import chat_plan, echo_of, find_prefix, legacy_plan, script_for
+from gateway.chaos.faults import break_stream, fault_cut, reset, stall
+from gateway.chaos.http11 import BadRequest, Request, read_request
+from gateway.chaos.spec import HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
+from gateway.chaos.wire import send_events, send_json, send_json_cut
+
+logger = logging.getLogger("gateway.chaos")
+
+IDLE_TIMEOUT = 300.0  # longer than clients keep idle connections, so the client closes first
+READ_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-case names
+    body: Any  # the parsed JSON body, or None
+
+
+class ChaosUpstream:
+    """The server. ``start()`` binds (port 0: a free port); ``aclose()`` drops every connection."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self._port = port
+        self.requests: list[RecordedRequest] = []
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._faulted: dict[str, int] = {}  # spec string -> requests seen carrying it
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("the chaos upstream is already started")
+        self._server = await asyncio.start_server(self._serve_connection, self.host, self._port)
+        self._port = self._server.sockets[0].getsockname()[1]
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the chaos upstream is not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open right now, streaming or idle in keep-alive."""
+        return len(self._connections)
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def aclose(self) -> None:
+        server = self._server
+        if server is not None:
+            server.close()
+        # abort(), not close(): a stalled or unread connection would never flush.
+        for task, writer in list(self._connections.items()):
+            writer.transport.abort()
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = writer
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # every write goes out as it is made: split= relies on it
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                try:
+                    request = await read_request(reader, IDLE_TIMEOUT, READ_TIMEOUT)
+                except BadRequest as exc:
+                    body = render.error_body(str(exc), "invalid_request_error")
+                    await send_json(writer, 400, body, close=True)
+                    break
+                if request is None or not await self._respond(request, reader, writer):
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # the client went away, or sent half a request and stopped
+        except asyncio.CancelledError:
+            # Only aclose() cancels a connection, and it waits for it. Ending quietly
+            # matters on 3.11, whose start_server logs a cancelled handler as an error.
+            pass
+        except Exception:
+            logger.exception("chaos upstream: unexpected error; connection closed")
+        finally:
+            del self._connections[task]
+            writer.close()
+
+    async def _respond(
+        self, request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Answer one request; return whether the connection can serve another."""
+        # Also under /v1, where a client whose base URL is ``base_url`` finds it.
+        if request.path in ("/_chaos/requests", "/v1/_chaos/requests"):
+            return await self._introspect(request, writer)
+        try:
+            payload = orjson.loads(request.body) if request.body else None
+        except orjson.JSONDecodeError:
+            self.requests.append(self._record(request, None))
+            message = "We could not parse the JSON body of your request."
+            return await _reply_error(writer, request, 400, message)
+        self.requests.append(self._record(request, payload))
+        route = (request.method, request.path)
+        if route == ("GET", "/v1/models"):
+            return await _reply(writer, request, 200, render.MODELS)
+        if route in (
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/v1/completions"),
+            ("POST", "/v1/embeddings"),
+        ):
+            if not isinstance(payload, dict):
+                message = "The request body must be a JSON object."
+                return await _reply_error(writer, request, 400, message)
+            return await self._answer(request, payload, reader, writer)
+        message = f"Unknown request URL: {request.method} {request.path}."
+        return await _reply_error(writer, request, 404, message, "unknown_url")
+
+    @staticmethod
+    def _record(request: Request, payload: Any) -> RecordedRequest:
+        return RecordedRequest(request.method, request.path, dict(request.headers), payload)
+
+    async def _introspect(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        if request.method == "GET":
+            body = orjson.dumps([dataclasses.asdict(recorded) for recorded in self.requests])
+            return await _reply(writer, request, 200, body)
+        if request.method == "DELETE":
+            count = len(self.requests)
+            self.requests.clear()
+            return await _reply(writer, request, 200, orjson.dumps({"deleted": count}))
+        message = f"Unknown request URL: {request.method} {request.path}."
+        return await _reply_error(writer, request, 404, message, "unknown_url")
+
+    def _take_fault(self, spec: ChaosSpec) -> str | None:
+        """The fault this request gets: ``times=T`` spares all but the first T carrying the spec."""
+        if spec.fault is None or spec.times is None:
+            return spec.fault
+        seen = self._faulted.get(spec.source, 0)
+        self._faulted[spec.source] = seen + 1
+        return spec.fault if seen < spec.times else None
+
+    async def _answer(
+        self,
+        request: Request,
+        payload: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """A POST to one of the model endpoints: what happens before any answer byte."""
+        model = payload.get("model")
+        model = model if isinstance(model, str) else "chaos"
+        try:
+            spec = parse_spec(request.headers.get("x-chaos", model))
+        except ValueError as exc:
+            return await _reply_error(writer, request, 400, str(exc), "invalid_chaos_spec")
+        fault = self._take_fault(spec)
+        if fault == "reset_before":
+            await reset(writer, flush=False)
+            return False
+        if spec.first_byte_ms:
+            await asyncio.sleep(spec.first_byte_ms / 1000)
+        if fault in HTTP_FAULTS:
+            message, kind, code = render.HTTP_ERRORS[fault]
+            headers = [("retry-after", str(spec.retry_after))] if fault == "http_429_retry" else []
+            body = render.error_body(message, kind, code)
+            return await _reply(writer, request, HTTP_FAULTS[fault], body, headers)
+        if request.path != "/v1/embeddings":
+            return await self._complete(request, payload, model, spec, fault, reader, writer)
+        texts = _embedding_inputs(payload.get("input"))
+        if texts is None:
+            message = "'input' must be a string, an array of strings or of token arrays."
+            return await _reply_error(writer, request, 400, message)
+        body = render.embeddings(model, texts, payload.get("encoding_format") == "base64")
+        return await _reply_json(writer, request, body, fault)
+
+    async def _complete(
+        self,
+        request: Request,
+        payload: dict[str, Any],
+        model: str,
+        spec: ChaosSpec,
+        fault: str | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """A chat (or legacy) completion: fresh, or continuing an assistant prefix."""
+        legacy = request.path == "/v1/completions"
+        script = script_for(spec)
+        prefix = "" if legacy else find_prefix(payload, script.text)
+        echo = echo_of(spec, prefix)
+        plan = legacy_plan(script) if legacy else chat_plan(script, prefix, echo)
+        messages = payload.get("messages")
+        prompt_tokens = 10 + (len(messages) if isinstance(messages, list) else 1)
+        usage = render.usage(prompt_tokens, sum(plan.counts))
+        response_id = f"{'cmpl' if legacy else 'chatcmpl'}-chaos-{next(self._ids)}"
+        created = int(time.time())
+
+        if payload.get("stream") is not True:
+            if legacy:
+                body = render.text_completion(response_id, created, model, script.text, usage)
+            else:
+                content = echo + script.text[len(prefix) :]
+                body = render.chat_completion(response_id, created, model, script, content, usage)
+            return await _reply_json(writer, request, body, fault)
+
+        if legacy:
+            envelope = render.legacy_envelope(response_id, created, model)
+            finish_error = envelope.chunk(b'"text":"","finish_reason":"error"')
+        else:
+            envelope = render.chat_envelope(response_id, created, model)
+            finish_error = envelope.chunk(b'{},"finish_reason":"error"')
+        trailer = []
+        options = payload.get("stream_options")
+        if spec.usage and isinstance(options, dict) and options.get("include_usage") is True:
+            obj = "text_completion" if legacy else "chat.completion.chunk"
+            trailer.append(render.usage_chunk(response_id, obj, created, model, usage))
+        payloads, ending = break_stream(
+            fault if fault in STREAM_FAULTS else None,
+            fault_cut(plan.counts, spec.at),
+            [envelope.chunk(body) for body in plan.bodies],
+            trailer,
+            spec.done,
+            finish_error,
+        )
+        events = render.EventFormat(spec.line_ending, spec.comments)
+        await send_events(
+            writer,
+            [events.event(data, index) for index, data in enumerate(payloads)],
+            pace_s=spec.pace_ms / 1000,
+            split=spec.split,
+            end=ending == "end",
+        )
+        if ending == "end":
+            return request.keep_alive
+        if ending == "reset":
+            await reset(writer)
+        elif ending == "stall":
+            await stall(reader, spec.stall_s)
+        return False  # the connection closes (FIN) on the way out: that is the "close" fault
+
+
+def _embedding_inputs(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        return None
+    if all(isinstance(item, int) for item in value):  # one token array
+        return [orjson.dumps(value).decode()]
+    if all(isinstance(item, str | list) for item in value):
+        return [item if isinstance(item, str) else orjson.dumps(item).decode() for item in value]
+    return None
+
+
+async def _reply(
+    writer: asyncio.StreamWriter,
+    request: Request,
+    status: int,
+    body: bytes,
+    headers: Sequence[tuple[str, str]] = (),
+) -> bool:
+    await send_json(writer, status, body, headers, close=not request.keep_alive)
+    return request.keep_alive
+
+
+async def _reply_error(
+    writer: asyncio.StreamWriter,
+    request: Request,
+    status: int,
+    message: str,
+    code: str | None = None,
+) -> bool:
+    body = render.error_body(message, "invalid_request_error", code)
+    return await _reply(writer, request, status, body)
+
+
+async def _reply_json(
+    writer: asyncio.StreamWriter, request: Request, body: bytes, fault: str | None
+) -> bool:
+    """A JSON answer: ``reset`` and ``close`` cut it half-way; other stream faults do not apply."""
+    if fault in ("reset", "close"):
+        await send_json_cut(writer, body, fault)
+        return False
+    return await _reply(writer, request, 200, body)

@@ -1,0 +1,174 @@
+"""The chaos spec: what a request asks the chaos upstream to do, read from its model name.
+
+Grammar (an ``x-chaos`` request header, when present, replaces the model name)::
+
+    spec  := "chaos" [ ":" pair ( "," pair )* ]
+    pair  := key "=" value
+
+For example ``chaos:text=40,tools=2,fault=reset,at=12,times=1,pace_ms=5``. A model
+name that does not start with ``chaos`` gets the default spec, so any client can
+point at the chaos upstream unchanged; a name that does start with ``chaos`` but
+does not parse is an error, because a typo in a fault would otherwise silently
+run a clean test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+LINE_ENDINGS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+
+# Faults that change the body after it started (or, for non-streaming, cut it).
+STREAM_FAULTS = frozenset(
+    {
+        "reset",
+        "close",
+        "stall",
+        "error",
+        "error_done",
+        "error_fatal",
+        "finish_error",
+        "no_finish",
+        "malformed",
+    }
+)
+# Faults answered with an error status instead of the stream.
+HTTP_FAULTS = {
+    "http_400": 400,
+    "http_400_context": 400,
+    "http_401": 401,
+    "http_404": 404,
+    "http_429": 429,
+    "http_429_retry": 429,
+    "http_500": 500,
+    "http_502": 502,
+    "http_503": 503,
+    "http_529": 529,
+}
+FAULTS = STREAM_FAULTS | HTTP_FAULTS.keys() | {"reset_before"}
+
+
+@dataclass(frozen=True)
+class ChaosSpec:
+    """A parsed spec. ``source`` is the exact string it came from: ``times=`` counts by it."""
+
+    source: str = "chaos"
+    text: int = 20
+    reasoning: int = 0
+    tools: int = 0
+    arg_deltas: int = 4
+    seed: int = 0
+    pace_ms: float = 0.0
+    first_byte_ms: float = 0.0
+    usage: bool = False
+    lineend: str = "lf"
+    comments: bool = False
+    split: int = 0  # 0: no splitting
+    done: bool = True
+    fault: str | None = None
+    at: int | None = None  # None: half-way through the content deltas
+    times: int | None = None  # None: fault every request
+    stall_s: float = 300.0
+    retry_after: int = 1
+    echo: int = 0
+    echo_prefix: bool = False
+
+    @property
+    def line_ending(self) -> bytes:
+        return LINE_ENDINGS[self.lineend]
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    def convert(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError("not an integer") from None
+        if not low <= number <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return number
+
+    return convert
+
+
+def _number(low: float, high: float) -> Callable[[str], float]:
+    def convert(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError("not a number") from None
+        if math.isnan(number) or not low <= number <= high:
+            raise ValueError(f"must be between {low:g} and {high:g}")
+        return number
+
+    return convert
+
+
+def _flag(value: str) -> bool:
+    if value in ("1", "true"):
+        return True
+    if value in ("0", "false"):
+        return False
+    raise ValueError("must be 0 or 1")
+
+
+def _one_of(choices: frozenset[str] | set[str]) -> Callable[[str], str]:
+    def convert(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(sorted(choices))}")
+        return value
+
+    return convert
+
+
+# The bounds keep one request from exhausting the server's memory or a test's patience.
+_KEYS: dict[str, Callable[[str], object]] = {
+    "text": _integer(0, 100_000),
+    "reasoning": _integer(0, 100_000),
+    "tools": _integer(0, 1_000),
+    "arg_deltas": _integer(1, 10_000),
+    "seed": _integer(0, 2**63 - 1),
+    "pace_ms": _number(0, 600_000),
+    "first_byte_ms": _number(0, 600_000),
+    "usage": _flag,
+    "lineend": _one_of(set(LINE_ENDINGS)),
+    "comments": _flag,
+    "split": _integer(1, 1 << 20),
+    "done": _flag,
+    "fault": _one_of(FAULTS),
+    "at": _integer(0, 1_000_000),
+    "times": _integer(0, 1_000_000_000),
+    "stall_s": _number(0, 86_400),
+    "retry_after": _integer(0, 86_400),
+    "echo": _integer(0, 1_000_000),
+    "echo_prefix": _flag,
+}
+
+
+def parse_spec(model: str) -> ChaosSpec:
+    """Parse a model name (or ``x-chaos`` header); raise ``ValueError`` saying what is wrong."""
+    if model != "chaos" and not model.startswith("chaos:"):
+        if model.startswith("chaos"):
+            raise ValueError(
+                f"invalid chaos spec {model!r}: expected 'chaos' or 'chaos:key=value,...'"
+            )
+        return ChaosSpec(source=model)
+    values: dict[str, object] = {}
+    for pair in model[len("chaos:") :].split(","):
+        if not pair.strip():
+            continue  # tolerate "chaos:" and trailing commas
+        key, sep, value = (part.strip() for part in pair.partition("="))
+        if not sep:
+            raise ValueError(f"invalid chaos spec {model!r}: {pair!r} is not key=value")
+        if key not in _KEYS:
+            known = ", ".join(sorted(_KEYS))
+            raise ValueError(f"invalid chaos spec {model!r}: unknown key {key!r} (known: {known})")
+        if key in values:
+            raise ValueError(f"invalid chaos spec {model!r}: {key!r} given twice")
+        try:
+            values[key] = _KEYS[key](value)
+        except ValueError as exc:
+            raise ValueError(f"invalid chaos spec {model!r}: {key}={value!r}: {exc}") from None
+    return ChaosSpec(source=model, **values)  # type: ignore[arg-type]

@@ -1,0 +1,124 @@
+"""Client-side helpers: read a chaos stream as bytes, decode its SSE, add up its deltas."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+USER = {"role": "user", "content": "Say something."}
+
+
+def decode_sse(raw: bytes) -> list[str]:
+    """The data of each complete event, decoded as the SSE spec says (any line ending)."""
+    lines = re.split(r"\r\n|\r|\n", raw.decode("utf-8"))[:-1]  # the last one is unterminated
+    events: list[str] = []
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                events.append("\n".join(data))
+            data = []
+            continue
+        name, _, value = line.partition(":")
+        if name == "data":
+            data.append(value.removeprefix(" "))
+    return events
+
+
+@dataclass
+class Collected:
+    """The deltas of a chat stream, added up."""
+
+    text: str = ""
+    reasoning: str = ""
+    content_deltas: int = 0
+    tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    finish_reasons: list[str] = field(default_factory=list)
+    usage: dict[str, int] | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+
+
+def collect(data: list[str]) -> Collected:
+    collected = Collected()
+    for item in data:
+        if item == "[DONE]":
+            continue
+        chunk = json.loads(item)
+        if "error" in chunk:
+            collected.errors.append(chunk["error"])
+            continue
+        if chunk.get("usage"):
+            collected.usage = chunk["usage"]
+        for choice in chunk["choices"]:
+            delta = choice.get("delta", {})
+            if "role" in delta:
+                collected.roles.append(delta["role"])
+            if delta.get("content"):
+                collected.text += delta["content"]
+                collected.content_deltas += 1
+            if delta.get("reasoning_content"):
+                collected.reasoning += delta["reasoning_content"]
+                collected.content_deltas += 1
+            for call in delta.get("tool_calls", []):
+                entry = collected.tool_calls.setdefault(
+                    call["index"], {"id": "", "name": "", "arguments": ""}
+                )
+                entry["id"] += call.get("id", "")
+                function = call.get("function", {})
+                entry["name"] += function.get("name", "")
+                if function.get("arguments"):
+                    entry["arguments"] += function["arguments"]
+                    collected.content_deltas += 1
+            if choice.get("finish_reason"):
+                collected.finish_reasons.append(choice["finish_reason"])
+    return collected
+
+
+@dataclass
+class Received:
+    status: int
+    headers: httpx.Headers
+    chunks: list[bytes]
+    error: httpx.TransportError | None
+
+    @property
+    def raw(self) -> bytes:
+        return b"".join(self.chunks)
+
+    @property
+    def data(self) -> list[str]:
+        return decode_sse(self.raw)
+
+    def collect(self) -> Collected:
+        return collect(self.data)
+
+
+def stream(
+    client: httpx.Client,
+    model: str,
+    messages: list[dict[str, Any]] | None = None,
+    *,
+    path: str = "/chat/completions",
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> Received:
+    """POST a streaming request; keep every raw chunk, and the transport error that ended it."""
+    body: dict[str, Any] = {"model": model, "stream": True, **extra}
+    if path == "/chat/completions":
+        body["messages"] = [USER] if messages is None else messages
+    else:
+        body.setdefault("prompt", "Say something.")
+    chunks: list[bytes] = []
+    error: httpx.TransportError | None = None
+    with client.stream("POST", path, json=body, headers=headers) as response:
+        try:
+            for piece in response.iter_raw():
+                chunks.append(piece)
+        except httpx.TransportError as exc:
+            error = exc
+    return Received(response.status_code, response.headers, chunks, error)
