@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -42,10 +40,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_chaos_upstream(args: argparse.Namespace) -> int:
-    from gateway.chaos import serve
+    from gateway.chaos import run
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port))
+    run(args.host, args.port)
     return 0
 
 

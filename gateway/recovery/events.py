@@ -57,4 +57,8 @@ def parse_event(data: str) -> Event:
     error = obj.get("error")
     if error is not None:
         return InBandError(error if isinstance(error, dict) else {"message": str(error)})
+    choices = obj.get("choices")
+    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason") == "error":
+        # Some servers end a failed generation this way instead of an error object.
+        return InBandError({"message": "the upstream ended the answer with finish_reason 'error'"})
     return Chunk(data, obj)

@@ -1,0 +1,55 @@
+"""Assembling what an openai SDK client received from a stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai import Stream
+from openai.types.chat import ChatCompletionChunk
+
+
+@dataclass
+class Received:
+    text: str = ""
+    reasoning: str = ""
+    roles: list[str] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ids: set[str] = field(default_factory=set)
+    usage: list[Any] = field(default_factory=list)
+    chunks: int = 0
+
+    def feed(self, chunk: ChatCompletionChunk) -> None:
+        self.chunks += 1
+        self.ids.add(chunk.id)
+        if chunk.usage is not None:
+            self.usage.append(chunk.usage)
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.role:
+                self.roles.append(delta.role)
+            self.text += delta.content or ""
+            extra = delta.model_extra or {}
+            self.reasoning += extra.get("reasoning_content") or ""
+            for call in delta.tool_calls or []:
+                slot = self.tool_calls.setdefault(call.index, {"id": None, "name": "", "args": ""})
+                if call.id:
+                    slot["id"] = call.id
+                if call.function and call.function.name:
+                    slot["name"] += call.function.name
+                if call.function and call.function.arguments:
+                    slot["args"] += call.function.arguments
+            if choice.finish_reason:
+                self.finish_reasons.append(choice.finish_reason)
+
+    def calls(self) -> list[tuple[str | None, str, str]]:
+        return [(c["id"], c["name"], c["args"]) for _, c in sorted(self.tool_calls.items())]
+
+
+def receive(stream: Stream[ChatCompletionChunk], into: Received | None = None) -> Received:
+    """Drain ``stream`` into ``into`` (so a caller can inspect a partial result on error)."""
+    received = Received() if into is None else into
+    for chunk in stream:
+        received.feed(chunk)
+    return received

@@ -1,0 +1,36 @@
+"""Endpoints other than chat completions: relayed unchanged, streams streamed."""
+
+from __future__ import annotations
+
+import httpx
+from openai import OpenAI
+
+from gateway.chaos import ChaosUpstream
+from tests.servers import RunningGateway
+
+
+def test_embeddings_pass_through(client: OpenAI, chaos: ChaosUpstream) -> None:
+    result = client.embeddings.create(model="chaos", input=["a", "b"])
+    assert [len(item.embedding) for item in result.data] == [8, 8]
+    assert chaos.requests[-1].path == "/v1/embeddings"
+    assert chaos.requests[-1].body["input"] == ["a", "b"]
+
+
+def test_legacy_completions_stream_through(client: OpenAI) -> None:
+    text = "".join(
+        chunk.choices[0].text
+        for chunk in client.completions.create(model="chaos:text=12", prompt="x", stream=True)
+        if chunk.choices
+    )
+    whole = client.completions.create(model="chaos:text=12", prompt="x")
+    assert text and text == whole.choices[0].text
+
+
+def test_models_lists_the_upstream_models(client: OpenAI) -> None:
+    assert "chaos" in [model.id for model in client.models.list()]
+
+
+def test_query_string_and_unknown_upstream_path_are_relayed(gateway: RunningGateway) -> None:
+    response = httpx.get(gateway.base_url + "/files?purpose=x")
+    assert response.status_code == 404  # the upstream's own answer, passed through
+    assert response.json()["error"]

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from gateway.recovery.events import DONE, Chunk, InBandError, Malformed, parse_event
+
+
+def test_chunk_keeps_its_payload_for_pass_through() -> None:
+    event = parse_event('{"id": "c1", "choices": []}')
+    assert isinstance(event, Chunk)
+    assert event.data == '{"id": "c1", "choices": []}'
+    assert event.obj == {"id": "c1", "choices": []}
+
+
+def test_done_error_and_malformed_payloads() -> None:
+    assert parse_event("[DONE]") is DONE
+    error = parse_event('{"error": {"message": "overloaded", "code": 503}}')
+    assert isinstance(error, InBandError) and error.message == "overloaded"
+    assert isinstance(parse_event('{"error": "plain text"}'), InBandError)
+    assert isinstance(parse_event('{"choices": ['), Malformed)
+    assert isinstance(parse_event("[1, 2]"), Malformed)
+
+
+def test_finish_reason_error_is_an_in_band_error() -> None:
+    payload = '{"choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]}'
+    assert isinstance(parse_event(payload), InBandError)

@@ -1,0 +1,79 @@
+"""Real servers on loopback for tests: the gateway under uvicorn in a thread, free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, parse_config
+from gateway.metrics import Metrics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def gateway_config(upstream_url: str, **overrides: Any) -> GatewayConfig:
+    """A config with one upstream named ``chaos``, short timeouts, one catch-all route."""
+    upstream = {
+        "name": "chaos",
+        "base_url": upstream_url,
+        "timeouts": {"connect": 2, "first_byte": 5, "idle": 2},
+    }
+    upstream.update(overrides.pop("upstream", {}))
+    data: dict[str, Any] = {"upstreams": [upstream], **overrides}
+    return parse_config(data, "test config")
+
+
+@dataclass
+class RunningGateway:
+    url: str  # http://127.0.0.1:PORT
+    metrics: Metrics
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+
+@contextlib.contextmanager
+def running_gateway(config: GatewayConfig) -> Iterator[RunningGateway]:
+    """Serve ``create_app(config)`` with uvicorn (uvloop + httptools) on a free port."""
+    metrics = Metrics()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config, metrics),
+            loop="uvloop",
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the gateway did not start")
+        time.sleep(0.01)
+    try:
+        yield RunningGateway(f"http://127.0.0.1:{port}", metrics)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import (
+    ConfigError,
+    default_config,
+    describe,
+    interpolate_env,
+    load_config,
+    parse_config,
+)
+
+EXAMPLE = Path(__file__).parent.parent / "config.example.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_env_references_are_replaced_and_defaults_apply() -> None:
+    tree = {"a": "${KEY}", "b": ["x-${MISSING:-fallback}"], "c": 3}
+    assert interpolate_env(tree, {"KEY": "secret"}) == {"a": "secret", "b": ["x-fallback"], "c": 3}
+
+
+def test_missing_env_variable_names_the_key_and_variable() -> None:
+    with pytest.raises(ConfigError, match=r"upstreams\.0\.api_key: .*OPENAI_KEY is not set"):
+        interpolate_env({"upstreams": [{"api_key": "${OPENAI_KEY}"}]}, {})
+
+
+def test_invalid_value_names_the_key_and_what_was_given(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "upstreams:\n  - name: a\n    base_url: http://x\n    timeouts: {idle: soon}\n",
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert "upstreams.0.timeouts.idle" in str(exc.value)
+    assert "'soon'" in str(exc.value)
+
+
+def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
+    path = write(tmp_path, "upstreams:\n  - name: a\n    base_url: http://x\n    bogus: 1\n")
+    with pytest.raises(ConfigError, match=r"upstreams\.0\.bogus: Extra inputs"):
+        load_config(path)
+
+
+def test_route_to_unknown_upstream_is_rejected() -> None:
+    data = {
+        "upstreams": [{"name": "a", "base_url": "http://x"}],
+        "routes": [{"match": "*", "upstream": "a", "fallbacks": [{"upstream": "b"}]}],
+    }
+    with pytest.raises(ConfigError, match="names upstream 'b', which is not defined"):
+        parse_config(data)
+
+
+def test_base_url_must_be_http() -> None:
+    with pytest.raises(ConfigError, match=r"upstreams\.0\.base_url"):
+        parse_config({"upstreams": [{"name": "a", "base_url": "ftp://x"}]})
+
+
+def test_not_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "upstreams: [unclosed"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_embedded_defaults_read_gateway_variables_only() -> None:
+    config = default_config({"OPENAI_BASE_URL": "http://gateway-itself/v1"})
+    assert config.upstreams[0].base_url == "https://api.openai.com/v1"
+    assert config.upstreams[0].api_key is None
+    config = default_config(
+        {"GATEWAY_UPSTREAM_BASE_URL": "http://vllm:8000/v1", "GATEWAY_UPSTREAM_API_KEY": "k"}
+    )
+    assert config.upstreams[0].base_url == "http://vllm:8000/v1"
+    assert config.effective_routes[0].match == "*"
+
+
+def test_describe_masks_every_secret() -> None:
+    config = parse_config(
+        {
+            "upstreams": [
+                {
+                    "name": "openai",
+                    "base_url": "https://api.openai.com/v1",
+                    "api_key": "sk-live-abcdefghijklmnop1234",
+                    "headers": {"x-org-token": "org-secret-value-99"},
+                }
+            ],
+            "auth": {"keys": ["gw-key-zzzzzzzzzzzz"]},
+            "state": {"redis_url": "redis://:hunter2@redis:6379/0"},
+        }
+    )
+    text = describe(config)
+    for secret in ("sk-live-abcdefghijklmnop", "org-secret-value", "gw-key-zzzz", "hunter2"):
+        assert secret not in text
+    assert "****1234" in text
+    assert "redis://:****@redis:6379/0" in text
+    assert "*: openai/<requested>" in text
+
+
+def test_example_config_is_valid_and_documents_every_key() -> None:
+    env = {"OPENAI_API_KEY": "sk-1", "OPENROUTER_API_KEY": "sk-2", "GATEWAY_KEY": "gw"}
+    config = load_config(EXAMPLE, env)
+    text = EXAMPLE.read_text()
+    for key in _keys(config.model_dump()):
+        assert f"{key}:" in text, f"config.example.yaml does not mention {key!r}"
+
+
+def _keys(node: object) -> set[str]:
+    if isinstance(node, dict):
+        return set(node) | {k for v in node.values() for k in _keys(v)}
+    if isinstance(node, list):
+        return {k for v in node for k in _keys(v)}
+    return set()
