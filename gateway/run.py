@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 
@@ -100,7 +101,10 @@ class ChatRun:
 
     async def aclose(self) -> None:
         if self._response is not None:
-            await self._response.aclose()
+            # Shielded: on client disconnect the surrounding scope is already cancelled,
+            # and the upstream connection must still be closed, not leaked.
+            with anyio.CancelScope(shield=True):
+                await self._response.aclose()
 
     async def aiter_sse(self) -> AsyncIterator[bytes]:
         """The client's SSE body: upstream chunks as received, then ``[DONE]`` or an error."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,24 +17,21 @@ from openai import OpenAI
 from gateway.chaos import ChaosUpstream, expected_answer
 from tests.servers import free_port
 
-CLI = [sys.executable, "-m", "gateway"]
+# The console script pyproject.toml installs, next to the interpreter running the tests.
+CLI = [str(Path(sys.executable).with_name("resumable-gateway"))]
 
 
-@pytest.fixture
-def served(chaos: ChaosUpstream) -> Iterator[str]:
-    """``resumable-gateway serve`` with embedded defaults, pointed at the chaos upstream."""
+@contextlib.contextmanager
+def serving(args: list[str], env: dict[str, str], probe: str) -> Iterator[str]:
+    """Run a CLI server command and wait until ``probe`` answers 200."""
     port = free_port()
-    env = os.environ | {"GATEWAY_UPSTREAM_BASE_URL": chaos.base_url}
-    env.pop("GATEWAY_CONFIG", None)
-    process = subprocess.Popen(
-        [*CLI, "serve", "--port", str(port)], env=env, stderr=subprocess.PIPE
-    )
+    process = subprocess.Popen([*CLI, *args, "--port", str(port)], env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
         while True:
             try:
-                if httpx.get(url + "/healthz").status_code == 200:
+                if httpx.get(url + probe).status_code == 200:
                     break
             except httpx.TransportError:
                 if process.poll() is not None or time.monotonic() > deadline:
@@ -43,18 +41,34 @@ def served(chaos: ChaosUpstream) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(10)
-        assert process.stderr is not None
-        process.stderr.close()
 
 
-def test_serve_with_embedded_defaults_streams_to_the_openai_sdk(served: str) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_with_embedded_defaults_streams_to_the_openai_sdk(
+    chaos: ChaosUpstream, workers: str
+) -> None:
+    env = os.environ | {"GATEWAY_UPSTREAM_BASE_URL": chaos.base_url}
+    env.pop("GATEWAY_CONFIG", None)
     model = "chaos:text=25,seed=11"
-    with OpenAI(base_url=served + "/v1", api_key="sk-x", max_retries=0) as client:
+    with (
+        serving(["serve", "--workers", workers], env, "/healthz") as served,
+        OpenAI(base_url=served + "/v1", api_key="sk-x", max_retries=0) as client,
+    ):
         stream = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}], stream=True
         )
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == expected_answer(model).text
+
+
+def test_chaos_upstream_command_serves_the_chaos_api() -> None:
+    with serving(["chaos-upstream"], dict(os.environ), "/v1/models") as url:
+        response = httpx.post(
+            url + "/v1/chat/completions", json={"model": "chaos:text=3", "messages": []}
+        )
+    assert (
+        response.json()["choices"][0]["message"]["content"] == expected_answer("chaos:text=3").text
+    )
 
 
 def test_check_config_prints_masked_routes(tmp_path: Path) -> None:

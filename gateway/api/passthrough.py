@@ -19,13 +19,12 @@ from gateway.upstream.routes import ResolvedLeg
 
 logger = logging.getLogger("gateway.passthrough")
 
-# Request headers the gateway sets itself (or must not pass on).
-_OWN_HEADERS = frozenset({"authorization", "accept-encoding"})
-
 
 def _upstream_path(request: Request) -> str:
-    path = request.url.path.removeprefix("/v1")
-    return f"{path}?{request.url.query}" if request.url.query else path
+    # raw_path keeps percent-encoding (an encoded "/" in a file id stays encoded).
+    path = request.scope["raw_path"].decode("latin-1").removeprefix("/v1")
+    query = request.scope["query_string"].decode("latin-1")
+    return f"{path}?{query}" if query else path
 
 
 async def _aiter_raw(response: httpx.Response) -> AsyncIterator[bytes]:
@@ -45,9 +44,10 @@ async def relay(
     content: bytes,
     client_authorization: str | None,
 ) -> Response:
-    headers = {
-        k: v for k, v in end_to_end_headers(request.headers.items()) if k not in _OWN_HEADERS
-    }
+    headers = {k: v for k, v in end_to_end_headers(request.headers.items()) if k != "authorization"}
+    # The body is relayed as received: the upstream may compress it only if the client
+    # said it can decode that (httpx would otherwise offer gzip on the client's behalf).
+    headers.setdefault("accept-encoding", "identity")
     headers.update(gateway.upstreams.auth_headers(leg.upstream, client_authorization))
     response = await gateway.upstreams.forward(
         leg.upstream, request.method, _upstream_path(request), headers, content

@@ -32,6 +32,7 @@ class Request:
     version: str
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes
+    query: str = ""
 
     @property
     def keep_alive(self) -> bool:
@@ -97,7 +98,8 @@ async def _read_rest(reader: asyncio.StreamReader, request_line: bytes) -> Reque
         if not 0 <= length <= MAX_BODY:
             raise BadRequest("content-length out of range")
         body = await reader.readexactly(length)
-    return Request(method, target.partition("?")[0], version, headers, body)
+    path, _, query = target.partition("?")
+    return Request(method, path, version, headers, body, query)
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:

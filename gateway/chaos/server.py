@@ -42,6 +42,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]  # lower-case names
     body: Any  # the parsed JSON body, or None
+    query: str = ""  # the raw query string, without "?"
 
 
 class ChaosUpstream:
@@ -159,7 +160,9 @@ class ChaosUpstream:
 
     @staticmethod
     def _record(request: Request, payload: Any) -> RecordedRequest:
-        return RecordedRequest(request.method, request.path, dict(request.headers), payload)
+        return RecordedRequest(
+            request.method, request.path, dict(request.headers), payload, request.query
+        )
 
     async def _introspect(self, request: Request, writer: asyncio.StreamWriter) -> bool:
         if request.method == "GET":

@@ -14,8 +14,10 @@ STREAMS = 200
 
 
 def test_200_concurrent_paced_streams_complete_exactly(gateway: RunningGateway) -> None:
-    # Paced deltas keep all 200 streams open at the same time, as real LLM streams are.
-    models = [f"chaos:text=30,pace_ms=10,seed={i}" for i in range(STREAMS)]
+    # Paced deltas keep all 200 streams open at once, as real LLM streams are, for
+    # longer than the upstream pool timeout (2 s): with httpx's default pool of 100
+    # connections the 101st stream would fail instead of waiting.
+    models = [f"chaos:text=100,pace_ms=25,seed={i}" for i in range(STREAMS)]
 
     async def one(client: AsyncOpenAI, model: str) -> str:
         stream = await client.chat.completions.create(

@@ -6,7 +6,7 @@ import httpx
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream
-from tests.servers import RunningGateway
+from tests.servers import RunningGateway, gateway_config, running_gateway
 
 
 def test_embeddings_pass_through(client: OpenAI, chaos: ChaosUpstream) -> None:
@@ -34,3 +34,32 @@ def test_query_string_and_unknown_upstream_path_are_relayed(gateway: RunningGate
     response = httpx.get(gateway.base_url + "/files?purpose=x")
     assert response.status_code == 404  # the upstream's own answer, passed through
     assert response.json()["error"]
+
+
+def test_models_include_routes_that_name_one_model(chaos: ChaosUpstream) -> None:
+    routes = [
+        {"match": "house-model", "upstream": "chaos", "model": "chaos:text=3"},
+        {"match": "*", "upstream": "chaos"},
+    ]
+    with running_gateway(gateway_config(chaos.base_url, routes=routes)) as gateway:
+        ids = [m["id"] for m in httpx.get(gateway.base_url + "/models").json()["data"]]
+    assert ids == ["chaos", "house-model"]
+
+
+def test_response_is_not_compressed_for_a_client_that_did_not_ask(
+    gateway: RunningGateway, chaos: ChaosUpstream
+) -> None:
+    response = httpx.post(
+        gateway.base_url + "/embeddings",
+        json={"model": "chaos", "input": "x"},
+        headers={"accept-encoding": "identity"},
+    )
+    assert response.json()["data"]
+    assert chaos.requests[-1].headers["accept-encoding"] == "identity"
+
+
+def test_percent_encoded_path_is_relayed_as_sent(
+    gateway: RunningGateway, chaos: ChaosUpstream
+) -> None:
+    httpx.get(gateway.base_url + "/files/a%2Fb?x=1")
+    assert (chaos.requests[-1].path, chaos.requests[-1].query) == ("/v1/files/a%2Fb", "x=1")
