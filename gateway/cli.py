@@ -33,7 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http="httptools",
         log_level=args.log_level,
         access_log=False,
-        # The gateway holds streams open for minutes; let the client decide.
+        # Idle time between requests on a client connection (streams are not idle).
         timeout_keep_alive=30,
     )
     return 0

@@ -16,7 +16,15 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "GATEWAY_"
 DEFAULT_UPSTREAM_URL = "https://api.openai.com/v1"
@@ -65,11 +73,28 @@ class Leg(_Model):
     )
 
 
+DEFAULT_CONTINUATION_PROMPT = (
+    "Your previous message was cut off. Continue it exactly where it stopped: do not "
+    "repeat any of it, do not add a preamble, and keep the same language and format."
+)
+
+
+class Retry(_Model):
+    # Retries per leg after the first attempt; an interruption uses one.
+    retries: int = Field(default=2, ge=0, le=10)
+    backoff_initial: float = Field(default=0.5, ge=0)  # seconds, doubled per attempt, jittered
+    backoff_max: float = Field(default=8.0, ge=0)
+    retry_after_max: float = Field(default=30.0, ge=0)  # cap on an upstream's Retry-After
+    idle_retry_delay: float = Field(default=0.2, ge=0)  # after an idle stall
+
+
 class Route(_Model):
     match: str = Field(min_length=1)  # a model name or a glob, e.g. gpt-4o*
     upstream: str
     model: str | None = None
     fallbacks: list[Leg] = Field(default_factory=list)
+    retry: Retry = Retry()
+    continuation_prompt: str = Field(default=DEFAULT_CONTINUATION_PROMPT, min_length=1)
 
     @property
     def legs(self) -> list[Leg]:
@@ -94,9 +119,15 @@ class Limits(_Model):
 
 
 class State(_Model):
-    redis_url: SecretStr | None = Field(
-        None, description="redis://, rediss://, redis+sentinel:// or a cluster URL; unset: memory"
-    )
+    # redis:// or rediss:// URL shared by all replicas; unset: in-memory state.
+    redis_url: SecretStr | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("redis://", "rediss://")):
+            raise ValueError("expected a redis:// or rediss:// URL")
+        return value
 
 
 class GatewayConfig(_Model):
@@ -156,6 +187,10 @@ def interpolate_env(node: Any, env: Mapping[str, str], path: str = "") -> Any:
     return node
 
 
+# Keys whose values may hold credentials (a URL may carry user:password): never echoed.
+_SECRET_KEYS = frozenset({"api_key", "base_url", "headers", "keys", "redis_url"})
+
+
 def parse_config(data: Any, source: str = "config") -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(data)
@@ -164,8 +199,9 @@ def parse_config(data: Any, source: str = "config") -> GatewayConfig:
         for err in exc.errors(include_url=False):
             key = ".".join(str(p) for p in err["loc"]) or "<root>"
             message = err["msg"]
-            if err["type"] not in {"missing", "extra_forbidden"} and "input" in err:
-                shown = err["input"]
+            shown = err.get("input")
+            secretive = any(part in _SECRET_KEYS for part in err["loc"])
+            if err["type"] not in {"missing", "extra_forbidden"} and not secretive:
                 if not isinstance(shown, dict | list):
                     message += f" (got {shown!r})"
             problems.append(f"  {key}: {message}")

@@ -8,7 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway.api.passthrough import forward_json
+from gateway.api.passthrough import forward_json, upstream_error_response
 from gateway.context import gateway_of
 from gateway.errors import GatewayError
 from gateway.run import ChatRun
@@ -23,8 +23,8 @@ async def chat_completions(request: Request) -> Response:
     client_authorization = gateway.auth.authorize(request)
     body = await gateway.read_json(request)
     route = gateway.router.resolve(body.get("model"))
-    if not body.get("stream") and body.get("n") not in (None, 1):
-        # Several choices: relayed as they are, without the single-answer assembly.
+    if body.get("n") not in (None, 1):
+        # Several choices: relayed as they are, without splicing (so without recovery).
         return await forward_json(request, gateway, route.legs[0], body, client_authorization)
 
     run = ChatRun(
@@ -46,7 +46,7 @@ async def chat_completions(request: Request) -> Response:
     except UpstreamHTTPError as exc:
         # The upstream's own 4xx/5xx before any stream: passed through unchanged.
         gateway.count(route.name, "POST", exc.status_code)
-        return Response(exc.content, exc.status_code, headers=dict(exc.headers) | headers)
+        return upstream_error_response(exc.status_code, exc.headers, exc.content, **headers)
     except GatewayError as exc:
         gateway.count(route.name, "POST", exc.status_code)
         response = exc.response()

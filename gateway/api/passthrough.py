@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,28 +14,45 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.context import Gateway, gateway_of
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NotFound, UpstreamFailure, sse_error_event
 from gateway.upstream.client import end_to_end_headers
 from gateway.upstream.routes import ResolvedLeg
 
 logger = logging.getLogger("gateway.passthrough")
 
 
+_DOT_SEGMENT = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
+
+
 def _upstream_path(request: Request) -> str:
     # raw_path keeps percent-encoding (an encoded "/" in a file id stays encoded).
     path = request.scope["raw_path"].decode("latin-1").removeprefix("/v1")
+    if _DOT_SEGMENT.search(path):
+        # httpx would resolve "..": the request, with the upstream's key, would leave /v1.
+        raise NotFound(f"Unknown path {request.url.path}.", code="unknown_url")
     query = request.scope["query_string"].decode("latin-1")
     return f"{path}?{query}" if query else path
 
 
 async def _aiter_raw(response: httpx.Response) -> AsyncIterator[bytes]:
-    # A transport error after the status line was sent can only end the body early;
-    # it must not surface as an application exception.
     try:
         async for chunk in response.aiter_raw():
             yield chunk
-    except httpx.TransportError as exc:
-        logger.warning("upstream body broke mid-way in pass-through: %s", type(exc).__name__)
+    except httpx.TransportError:
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            raise  # the connection is aborted: the client sees an incomplete body
+        # An event stream that broke must not end like a complete one.
+        yield sse_error_event(
+            UpstreamFailure("The upstream stream broke mid-way.", code="upstream_interrupted")
+        )
+
+
+def upstream_error_response(
+    status_code: int, headers: list[tuple[str, str]], content: bytes, **extra: str
+) -> Response:
+    """An upstream's error answer, read in full (so decoded), relayed unchanged."""
+    kept = {k: v for k, v in headers if k.lower() != "content-encoding"}
+    return Response(content, status_code, headers=kept | extra)
 
 
 async def relay(
@@ -52,6 +70,7 @@ async def relay(
     response = await gateway.upstreams.forward(
         leg.upstream, request.method, _upstream_path(request), headers, content
     )
+    gateway.count("passthrough", request.method, response.status_code)
     return StreamingResponse(
         _aiter_raw(response),
         status_code=response.status_code,
@@ -97,6 +116,7 @@ async def list_models(request: Request) -> Response:
     client_authorization = gateway.auth.authorize(request)
     leg = gateway.router.default_leg()
     headers = gateway.upstreams.auth_headers(leg.upstream, client_authorization)
+    headers["accept-encoding"] = "identity"
     models: list[dict[str, Any]] = []
     try:
         response = await gateway.upstreams.forward(leg.upstream, "GET", "/models", headers, b"")
@@ -105,11 +125,8 @@ async def list_models(request: Request) -> Response:
         finally:
             await response.aclose()
         if 400 <= response.status_code < 500:
-            return Response(
-                content,
-                response.status_code,
-                headers=dict(end_to_end_headers(response.headers.multi_items())),
-            )
+            headers_out = end_to_end_headers(response.headers.multi_items())
+            return upstream_error_response(response.status_code, headers_out, content)
         listed = orjson.loads(content).get("data") if response.status_code == 200 else None
         if isinstance(listed, list):
             models = [m for m in listed if isinstance(m, dict)]
