@@ -46,6 +46,23 @@ class Metrics:
             ["upstream", "cause"],
             registry=r,
         )
+        self.attempts = Counter(
+            "gateway_upstream_attempts_total",
+            "Upstream requests, by upstream, leg (0: primary) and result.",
+            ["upstream", "leg", "result"],
+            registry=r,
+        )
+        self.recoveries = Counter(
+            "gateway_recoveries_total",
+            "Recoveries of interrupted streams, by plan and outcome.",
+            ["plan", "outcome"],
+            registry=r,
+        )
+        self.seam_trimmed = Counter(
+            "gateway_seam_trimmed_characters_total",
+            "Characters a continuation repeated at the seam, trimmed before the client.",
+            registry=r,
+        )
         self.malformed_events = Counter(
             "gateway_upstream_malformed_events_total",
             "Upstream SSE events that were not JSON objects (skipped).",

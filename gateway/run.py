@@ -1,19 +1,28 @@
-"""One chat-completion run: open an upstream leg, relay its events, end the client stream right.
+"""One chat-completion run: attempts over legs, and recovery when a stream breaks.
 
-The run is the unit the recovery engine works on: it owns the accumulator (what
-the client has), the open upstream response and the decision of how the client
-stream ends. Today a run has one leg and one attempt; an interruption ends the
-client stream with an in-band error event, never with a clean end that looks
-like success (ARCHITECTURE.md section 2, item 6).
+The loop (ARCHITECTURE.md sections 3 and 4)::
 
-Hot path (per chunk): parse the payload once (orjson), feed the accumulator,
-forward the payload bytes as received. No logging, no re-encoding.
+    open:    leg 0, attempt 0 ── error status / connect error / first-byte timeout ──┐
+               │ headers                     retry with backoff, then the next leg ◄┘
+    relay:   chunks ──► Splicer ──► client bytes
+               │ interruption (reset, stall, GOAWAY, in-band error, truncated end)
+    recover: plan from what the client has ──► SynthesizeToolUse: finish, no upstream call
+               │ WholeRestart / ContinueText / TruncateBeforeTool
+             backoff (~200 ms after a stall), open the continuation on this leg, or on
+             the next once this leg's budget is spent ──► relay again (same client stream)
+
+Errors before the client stream started are HTTP errors (``open``); after it, the
+stream ends with an in-band error event and no ``[DONE]`` (section 2, item 6).
+
+Hot path (per chunk): one orjson parse, the splicer's dict lookups, and the
+received bytes forwarded when nothing needs rewriting. No logging.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import re
 import time
 import uuid
@@ -24,18 +33,28 @@ import anyio
 import httpx
 import orjson
 
-from gateway.errors import GatewayError, UpstreamFailure, sse_error_event
+from gateway.errors import GatewayError, UpstreamFailure, UpstreamTimeout, sse_error_event
 from gateway.metrics import Metrics
 from gateway.recovery.accumulator import RunAccumulator
-from gateway.recovery.classify import DESCRIPTIONS, Cause, classify_transport_error
+from gateway.recovery.classify import (
+    DESCRIPTIONS,
+    RETRYABLE_STATUSES,
+    Cause,
+    classify_transport_error,
+    is_context_length_error,
+    is_transient_error,
+    retry_after_seconds,
+)
 from gateway.recovery.events import Chunk, Done, InBandError, Malformed, parse_event
-from gateway.upstream.client import UpstreamClient
+from gateway.recovery.plan import Plan, plan_recovery
+from gateway.recovery.splice import Splicer
+from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
+from gateway.upstream.continuation import continuation_body
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import aiter_data
 
 logger = logging.getLogger("gateway.run")
 
-DONE_EVENT = b"data: [DONE]\n\n"
 _REASONING_MODEL = re.compile(r"(?:^|[^a-z0-9])o[134](?:$|[^0-9])|thinking|reasoning")
 
 
@@ -47,9 +66,10 @@ def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
 class StreamInterrupted(UpstreamFailure):
     code = "upstream_interrupted"
 
-    def __init__(self, message: str, cause: Cause) -> None:
+    def __init__(self, message: str, cause: Cause, *, fatal: bool = False) -> None:
         super().__init__(message)
         self.cause = cause
+        self.fatal = fatal
 
 
 class ChatRun:
@@ -67,23 +87,46 @@ class ChatRun:
         self.route = route
         self.stream = bool(body.get("stream"))
         self.accumulator = RunAccumulator()
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        self.splicer = Splicer(self.accumulator, include_usage=include_usage or not self.stream)
         self._body = body
         self._client_authorization = client_authorization
         self._upstreams = upstreams
         self._metrics = metrics
         self._started = time.perf_counter() if started is None else started
-        self._leg: ResolvedLeg = route.legs[0]
+        self._leg_index = 0
+        self._attempt = 0  # on the current leg
+        self._plan: Plan | None = None  # None: the original request
+        self._plans: list[Plan] = []
         self._response: httpx.Response | None = None
         self._first_event_deadline = 0.0
+        self._last_delay = 0.0
 
-    def upstream_body(self, leg: ResolvedLeg) -> bytes:
-        body = dict(self._body)
-        body["model"] = leg.model
+    @property
+    def leg(self) -> ResolvedLeg:
+        return self.route.legs[self._leg_index]
+
+    # -- opening an attempt ---------------------------------------------------------
+
+    def request_body(self, leg: ResolvedLeg) -> bytes | None:
+        """The body for ``leg`` under the current plan; None if the leg cannot continue."""
+        body = self._body | {"model": leg.model}
         if not self.stream:
-            # Non-streaming clients get the same protection: the gateway streams
-            # from the upstream and assembles the completion itself.
+            # Non-streaming clients get the same protection: the gateway streams from
+            # the upstream and assembles the completion itself.
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
+        if self._plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
+            continued = continuation_body(
+                body,
+                leg.upstream.continuation,
+                self.accumulator.text,
+                self.route.continuation_prompt,
+            )
+            if continued is None:
+                return None
+            body = continued
         return orjson.dumps(body)
 
     def idle_timeout(self, leg: ResolvedLeg) -> float:
@@ -91,33 +134,94 @@ class ChatRun:
         return 2 * idle if is_reasoning_request(self._body, leg.model) else idle
 
     async def open(self) -> None:
-        """Open the first leg and wait for its headers (errors here are HTTP errors)."""
-        leg = self._leg
-        loop = asyncio.get_running_loop()
-        self._first_event_deadline = loop.time() + leg.upstream.timeouts.first_byte
-        self._response = await self._upstreams.open_stream(
-            leg, self.upstream_body(leg), self._client_authorization, self.idle_timeout(leg)
-        )
+        """Open an attempt, retrying and falling back until a leg answers with headers.
+
+        Raises the last attempt's error once every leg's budget is spent: an
+        ``UpstreamHTTPError`` (passed through unchanged before the client stream
+        started) or a ``GatewayError``.
+        """
+        while True:
+            leg = self.leg
+            body = self.request_body(leg)
+            if body is None:
+                self._next_leg(
+                    UpstreamFailure(f"Upstream {leg.upstream.name!r} cannot continue an answer.")
+                )
+                continue
+            loop = asyncio.get_running_loop()
+            self._first_event_deadline = loop.time() + leg.upstream.timeouts.first_byte
+            try:
+                self._response = await self._upstreams.open_stream(
+                    leg, body, self._client_authorization, self.idle_timeout(leg)
+                )
+            except UpstreamHTTPError as exc:
+                self._count_attempt(f"http_{exc.status_code}")
+                if exc.status_code in RETRYABLE_STATUSES:
+                    await self._backoff(exc, retry_after=retry_after_seconds(exc.headers))
+                elif self._plan is None and not is_context_length_error(exc.content):
+                    raise  # the client's own request was refused: never retried
+                else:
+                    # A larger-context leg, or a leg that rejected the continuation
+                    # (e.g. an assistant prefill): the next leg may do better.
+                    self._next_leg(exc)
+            except UpstreamTimeout as exc:
+                # Retrying a silent upstream only multiplies the wait: next leg at once.
+                self._count_attempt("first_byte_timeout")
+                self._next_leg(exc)
+            except UpstreamFailure as exc:
+                self._count_attempt("connect_error")
+                await self._backoff(exc)
+            else:
+                self._count_attempt("ok")
+                return
+
+    async def _backoff(
+        self, last: Exception, *, retry_after: float | None = None, idle: bool = False
+    ) -> None:
+        """Wait before the next attempt on this leg, or move on once its budget is spent."""
+        policy = self.route.retry
+        if self._attempt >= policy.retries:
+            self._next_leg(last)
+            return
+        self._attempt += 1
+        if retry_after is not None:
+            delay = min(retry_after, policy.retry_after_max)
+        elif idle:
+            delay = policy.idle_retry_delay
+        else:
+            ceiling = min(policy.backoff_max, policy.backoff_initial * 2 ** (self._attempt - 1))
+            delay = ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter spreads retries
+        self._last_delay = delay
+        await asyncio.sleep(delay)  # a cancelled run ends here, at once
+
+    def _next_leg(self, last: Exception) -> None:
+        if self._leg_index + 1 >= len(self.route.legs):
+            raise last
+        self._leg_index += 1
+        self._attempt = 0
+        self._last_delay = 0.0
+
+    def _count_attempt(self, result: str) -> None:
+        leg = self.leg
+        self._metrics.attempts.labels(leg.upstream.name, str(self._leg_index), result).inc()
 
     async def aclose(self) -> None:
         if self._response is not None:
+            response, self._response = self._response, None
             # Shielded: on client disconnect the surrounding scope is already cancelled,
             # and the upstream connection must still be closed, not leaked.
             with anyio.CancelScope(shield=True):
-                await self._response.aclose()
+                await response.aclose()
+
+    # -- the client stream ----------------------------------------------------------
 
     async def aiter_sse(self) -> AsyncIterator[bytes]:
-        """The client's SSE body: upstream chunks as received, then ``[DONE]`` or an error."""
+        """The client's SSE body: spliced chunks, then ``[DONE]`` or an error event."""
         metrics, route = self._metrics, self.route.name
         metrics.active_streams.inc()
-        awaiting_content = True
         try:
-            async for data in self._relay():
-                if awaiting_content and self.accumulator.content_deltas:
-                    awaiting_content = False
-                    metrics.ttft.labels(route).observe(time.perf_counter() - self._started)
-                yield b"data: " + data.encode() + b"\n\n"
-            yield DONE_EVENT
+            async for data in self._run():
+                yield data
         except GatewayError as exc:
             yield sse_error_event(exc)
         except Exception:
@@ -130,43 +234,126 @@ class ChatRun:
             await self.aclose()
 
     async def collect(self) -> dict[str, Any]:
-        """Relay to nobody and return the assembled ``chat.completion``."""
+        """Run to the end for a non-streaming client; return the assembled completion."""
         try:
-            async for _ in self._relay():
+            async for _ in self._run():
                 pass
         finally:
             await self.aclose()
         return self.accumulator.to_completion()
 
-    async def _relay(self) -> AsyncIterator[str]:
-        """Yield each chunk payload to forward; raise ``StreamInterrupted`` if the stream breaks."""
+    async def _run(self) -> AsyncIterator[bytes]:
+        awaiting_content = True
+        while True:
+            try:
+                async for data in self._relay():
+                    if awaiting_content and self.accumulator.text_chars:
+                        awaiting_content = False
+                        self._metrics.ttft.labels(self.route.name).observe(
+                            time.perf_counter() - self._started
+                        )
+                    yield data
+                self._count_recoveries("recovered")
+                yield self.splicer.close()
+                return
+            except StreamInterrupted as failure:
+                await self.aclose()
+                tail = self.splicer.end_leg()
+                if tail:
+                    yield tail
+                if self.splicer.finished:  # broke after the answer was complete
+                    self._count_recoveries("recovered")
+                    yield self.splicer.close()
+                    return
+                plan = plan_recovery(self.splicer.snapshot())
+                if plan is Plan.SYNTHESIZE_TOOL_USE:
+                    self._log_recovery(failure, plan)
+                    self._plans.append(plan)
+                    self._count_recoveries("recovered")
+                    yield self.splicer.synthesize_tool_use()
+                    yield self.splicer.close()
+                    return
+                if failure.fatal:
+                    self._count_recoveries("failed")
+                    raise self._final(failure) from None
+                self._plan = plan
+                self._plans.append(plan)
+                try:
+                    if failure.cause is Cause.FIRST_BYTE_TIMEOUT:
+                        self._next_leg(failure)
+                    else:
+                        await self._backoff(failure, idle=failure.cause is Cause.IDLE)
+                    self._log_recovery(failure, plan)
+                    await self.open()
+                except (GatewayError, UpstreamHTTPError) as exc:
+                    self._count_recoveries("failed")
+                    raise self._final(failure, exc) from None
+                self.splicer.begin_leg(plan)
+
+    def _final(self, failure: StreamInterrupted, later: Exception | None = None) -> GatewayError:
+        """The error that ends the client stream: the original failure, naming dropped tools."""
+        message = failure.message
+        if later is not None and later is not failure:
+            message += " Recovery failed too."
+        dropped = self.splicer.in_flight()
+        if dropped:
+            message += f" The incomplete tool call {', '.join(map(repr, dropped))} was dropped."
+        return StreamInterrupted(message, failure.cause, fatal=failure.fatal)
+
+    def _count_recoveries(self, outcome: str) -> None:
+        for plan in self._plans:
+            self._metrics.recoveries.labels(plan.value, outcome).inc()
+        self._plans.clear()
+        seam = self.splicer.seam
+        if seam is not None and seam.trimmed:
+            self._metrics.seam_trimmed.inc(seam.trimmed)
+
+    def _log_recovery(self, failure: StreamInterrupted, plan: Plan) -> None:
+        logger.info(
+            "recovery run=%s cause=%s plan=%s attempt=%d leg=%d upstream=%s delay=%.3f",
+            self.id,
+            failure.cause.value,
+            plan.value,
+            self._attempt,
+            self._leg_index,
+            self.leg.upstream.name,
+            self._last_delay,
+        )
+
+    async def _relay(self) -> AsyncIterator[bytes]:
+        """Client bytes for the open attempt; ``StreamInterrupted`` if it breaks."""
         assert self._response is not None, "open() first"
-        accumulator = self.accumulator
-        upstream = self._leg.upstream.name
+        splicer = self.splicer
+        received = False
         try:
-            async with asyncio.timeout(self._first_event_deadline) as first_event:
+            async with asyncio.timeout_at(self._first_event_deadline) as first_event:
                 async for data in aiter_data(self._response):
                     event = parse_event(data)
                     if type(event) is Chunk:
-                        if not accumulator.chunks:
+                        if not received:
+                            received = True
                             first_event.reschedule(None)
-                        accumulator.feed(event.obj)
-                        yield event.data
+                        out = splicer.feed(event)
+                        if out is not None:
+                            yield out
                     elif type(event) is Malformed:
-                        self._metrics.malformed_events.labels(upstream).inc()
+                        self._metrics.malformed_events.labels(self.leg.upstream.name).inc()
                     elif type(event) is InBandError:
-                        raise self._interrupted(Cause.IN_BAND_ERROR, event.message)
+                        fatal = not is_transient_error(event.error)
+                        raise self._interrupted(Cause.IN_BAND_ERROR, event.message, fatal=fatal)
                     elif type(event) is Done:
                         break
         except TimeoutError:
             raise self._interrupted(Cause.FIRST_BYTE_TIMEOUT) from None
         except httpx.TransportError as exc:
             raise self._interrupted(classify_transport_error(exc)) from None
-        if accumulator.finish_reason is None:
+        if not splicer.finished:
             raise self._interrupted(Cause.TRUNCATED)
 
-    def _interrupted(self, cause: Cause, detail: str | None = None) -> StreamInterrupted:
-        upstream = self._leg.upstream.name
+    def _interrupted(
+        self, cause: Cause, detail: str | None = None, *, fatal: bool = False
+    ) -> StreamInterrupted:
+        upstream = self.leg.upstream.name
         self._metrics.interruptions.labels(upstream, cause.value).inc()
         message = f"Upstream {upstream!r} {DESCRIPTIONS[cause]}"
         if detail:
@@ -174,4 +361,4 @@ class ChatRun:
         chars = self.accumulator.text_chars
         if chars:
             message += f" (after {chars} characters of the answer)"
-        return StreamInterrupted(message + "; the answer is incomplete.", cause)
+        return StreamInterrupted(message + "; the answer is incomplete.", cause, fatal=fatal)

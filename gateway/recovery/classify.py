@@ -40,3 +40,44 @@ DESCRIPTIONS = {
     Cause.IN_BAND_ERROR: "sent an error event",
     Cause.TRUNCATED: "ended the stream without a finish_reason",
 }
+
+
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+_TRANSIENT_WORDS = (
+    "overload",
+    "server_error",
+    "server error",
+    "internal",
+    "timeout",
+    "timed out",
+    "temporar",
+    "unavailable",
+    "connection",
+    "rate limit",
+    "try again",
+)
+
+
+def is_transient_error(error: dict[str, object]) -> bool:
+    """Whether an in-band error is worth recovering from (else it is surfaced)."""
+    code = error.get("code")
+    if isinstance(code, int) or (isinstance(code, str) and code.isdigit()):
+        status = int(code)
+        return status >= 500 or status == 429
+    text = f"{code} {error.get('type')} {error.get('message')}".lower()
+    return any(word in text for word in _TRANSIENT_WORDS)
+
+
+def is_context_length_error(content: bytes) -> bool:
+    return b"context_length_exceeded" in content
+
+
+def retry_after_seconds(headers: list[tuple[str, str]]) -> float | None:
+    """The delay an upstream asked for in ``Retry-After`` (seconds form), if any."""
+    for name, value in headers:
+        if name.lower() == "retry-after":
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return None  # an HTTP date: rare from LLM APIs; fall back to backoff
+    return None

@@ -58,7 +58,16 @@ def parse_event(data: str) -> Event:
     if error is not None:
         return InBandError(error if isinstance(error, dict) else {"message": str(error)})
     choices = obj.get("choices")
-    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason") == "error":
-        # Some servers end a failed generation this way instead of an error object.
-        return InBandError({"message": "the upstream ended the answer with finish_reason 'error'"})
+    if choices is None:
+        return Chunk(data, obj)
+    if type(choices) is not list or not all(type(c) is dict for c in choices):
+        return Malformed(data)
+    if choices:
+        choice = choices[0]
+        delta = choice.get("delta")
+        if delta is not None and type(delta) is not dict:
+            return Malformed(data)
+        if choice.get("finish_reason") == "error":
+            # Some servers end a failed generation this way instead of an error object.
+            return InBandError({"message": "the upstream ended the answer with an error"})
     return Chunk(data, obj)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config import GatewayConfig, Route, Upstream
+from gateway.config import GatewayConfig, Retry, Route, Upstream
 from gateway.errors import NotFound
 
 
@@ -18,6 +18,8 @@ class ResolvedLeg:
 class ResolvedRoute:
     name: str  # the route's match pattern: a low-cardinality label for metrics and logs
     legs: tuple[ResolvedLeg, ...]
+    retry: Retry
+    continuation_prompt: str
 
 
 class Router:
@@ -43,7 +45,7 @@ class Router:
             ResolvedLeg(self._config.upstream(leg.upstream), leg.model or model)
             for leg in route.legs
         )
-        return ResolvedRoute(route.match, legs)
+        return ResolvedRoute(route.match, legs, route.retry, route.continuation_prompt)
 
     def literal_models(self) -> list[str]:
         """Route patterns that name one model exactly (no glob characters)."""

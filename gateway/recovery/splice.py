@@ -1,0 +1,269 @@
+"""The client stream: one answer spliced from one or more upstream legs (contract, section 2).
+
+Pure: upstream chunks in, client SSE bytes out, and a record of what was sent in
+the run's accumulator. The splicer guarantees, whatever the legs do:
+
+- one identity (id, created, model, system_fingerprint): the first leg's that sent anything;
+- one role delta; reasoning never forwarded a second time by a later leg;
+- tool calls released whole, once their JSON arguments are complete, with client
+  indices 0, 1, 2… and unique ids;
+- text never repeated: after a seam, a continuation that re-emits the tail (or
+  all) of the text already sent is trimmed (``SeamTrimmer``);
+- exactly one finish_reason, and one usage chunk summed over legs (``close()``).
+
+Fast path: on the first leg, a chunk that needs no change is forwarded as the
+bytes received. Anything else is rebuilt once and encoded with orjson.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.recovery.accumulator import REASONING_FIELDS, RunAccumulator, ToolCall
+from gateway.recovery.events import Chunk
+from gateway.recovery.jsonscan import JsonCompleteness
+from gateway.recovery.plan import Plan, Sent
+
+IDENTITY_FIELDS = ("id", "created", "model", "system_fingerprint")
+
+
+def sse(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+class SeamTrimmer:
+    """Holds the first characters of a continuation until the overlap is known.
+
+    A continuation may re-emit the tail of the text already sent (``…the end of
+    the`` + ``of the sentence``) or restart from the beginning. The trimmer holds
+    the continuation's text while it could still be such an echo: while it is a
+    prefix of the sent text (a restart), or occurs in it (a tail echo) and is
+    shorter than ``window``. Then it drops the longest overlap of at least
+    ``min_overlap`` characters and releases the rest.
+    """
+
+    def __init__(self, sent: str, window: int = 64, min_overlap: int = 3) -> None:
+        self._sent = sent
+        self._window = window
+        self._min_overlap = min_overlap
+        self._pending = ""
+        self.trimmed = 0
+        self.done = not sent
+
+    def feed(self, text: str) -> str:
+        """Text to release now ("" while holding)."""
+        if self.done:
+            return text
+        pending = self._pending + text
+        sent = self._sent
+        if len(sent) >= self._min_overlap and pending.startswith(sent):  # a whole restart
+            return self._decide(pending, len(sent))
+        if sent.startswith(pending) or (len(pending) < self._window and pending in sent):
+            self._pending = pending
+            return ""
+        return self._decide(pending, self._overlap(pending))
+
+    def flush(self) -> str:
+        """The leg ended: decide with what arrived."""
+        if self.done:
+            return ""
+        return self._decide(self._pending, self._overlap(self._pending))
+
+    def _overlap(self, pending: str) -> int:
+        sent = self._sent
+        for k in range(min(len(sent), len(pending)), self._min_overlap - 1, -1):
+            if sent.endswith(pending[:k]):
+                return k
+        return 0
+
+    def _decide(self, pending: str, overlap: int) -> str:
+        self.done = True
+        self.trimmed = overlap
+        self._pending = ""
+        return pending[overlap:]
+
+
+@dataclass(slots=True)
+class HeldCall:
+    """A tool call of the current leg whose arguments are not complete yet."""
+
+    id: str | None = None
+    type: str = "function"
+    name_parts: list[str] = field(default_factory=list)
+    arguments: JsonCompleteness = field(default_factory=JsonCompleteness)
+
+    @property
+    def name(self) -> str:
+        return "".join(self.name_parts)
+
+
+class Splicer:
+    def __init__(self, accumulator: RunAccumulator, *, include_usage: bool) -> None:
+        self.sent = accumulator
+        self.include_usage = include_usage
+        self.leg = 0  # upstream responses started, minus one
+        self.finished = False
+        self.seam: SeamTrimmer | None = None
+        self._held: dict[int, HeldCall] = {}
+        self._ids: set[str] = set()
+
+    # -- what recovery needs to know ------------------------------------------------
+
+    def in_flight(self) -> list[str]:
+        """Names of tool calls begun on this leg and not released (the client has none)."""
+        return [call.name or "unnamed tool" for call in self._held.values()]
+
+    def snapshot(self) -> Sent:
+        return Sent(self.sent.text_chars, len(self.sent.tool_calls), bool(self._held))
+
+    def begin_leg(self, plan: Plan) -> None:
+        """A new upstream response replaces the broken one."""
+        self.leg += 1
+        self._held.clear()  # never sent: the new leg may emit those calls again, whole
+        if plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
+            self.seam = SeamTrimmer(self.sent.text)
+        else:
+            self.seam = None
+
+    # -- chunks ---------------------------------------------------------------------
+
+    def feed(self, chunk: Chunk) -> bytes | None:
+        """The client bytes for one upstream chunk, or None when nothing is due yet."""
+        obj = chunk.obj
+        sent = self.sent
+        if sent.identity is None:
+            sent.identity = {k: obj.get(k) for k in IDENTITY_FIELDS}
+        usage = obj.get("usage")
+        if usage:
+            sent.set_usage(self.leg, usage)
+        choices = obj.get("choices")
+        if not choices or self.finished:
+            return None  # usage-only chunks are summed and sent once, by close()
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        finish_reason = choice.get("finish_reason")
+        out: dict[str, Any] = {}
+
+        role = delta.get("role")
+        if role and sent.role is None:
+            sent.role = out["role"] = role
+        for name in REASONING_FIELDS:
+            reasoning = delta.get(name)
+            # A later leg reasons anew; the client already has the first leg's reasoning.
+            if reasoning and (self.leg == 0 or not sent.reasoning):
+                out[name] = reasoning
+                sent.add_reasoning(name, reasoning)
+        content = delta.get("content")
+        if content:
+            if self.seam is not None:
+                content = self.seam.feed(content)
+            if content:
+                out["content"] = content
+                sent.add_text(content)
+        if delta.get("refusal"):
+            out["refusal"] = delta["refusal"]
+        calls = delta.get("tool_calls")
+        if calls:
+            released = self._hold(calls)
+            if released:
+                out["tool_calls"] = released
+        if finish_reason:
+            self._finish(out, finish_reason)
+
+        if self.leg == 0 and out == delta and not usage and "\n" not in chunk.data:
+            # Nothing to change: the payload as received (a payload that came in several
+            # data: lines holds newlines and must be re-encoded to stay one event).
+            return sse(chunk.data.encode())
+        if not out and not finish_reason:
+            return None
+        return sse(orjson.dumps(self._chunk(out, finish_reason)))
+
+    def _hold(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        released = []
+        for call in calls:
+            index = call.get("index", 0)
+            held = self._held.get(index)
+            if held is None:
+                held = self._held[index] = HeldCall()
+            if call.get("id"):
+                held.id = call["id"]
+            if call.get("type"):
+                held.type = call["type"]
+            function = call.get("function") or {}
+            if function.get("name"):
+                held.name_parts.append(function["name"])
+            if held.arguments.feed(function.get("arguments") or ""):
+                released.append(self._release(index))
+        return released
+
+    def _release(self, index: int) -> dict[str, Any]:
+        held = self._held.pop(index)
+        call_id = held.id or f"call_{len(self.sent.tool_calls)}"
+        if call_id in self._ids:  # a later leg reused an id the client already has
+            call_id = f"{call_id}_{len(self.sent.tool_calls)}"
+        self._ids.add(call_id)
+        call = ToolCall(
+            len(self.sent.tool_calls), call_id, held.name, held.arguments.text, held.type
+        )
+        self.sent.tool_calls.append(call)
+        return call.as_delta()
+
+    def _finish(self, out: dict[str, Any], finish_reason: str) -> None:
+        if self.seam is not None:
+            rest = self.seam.flush()
+            if rest:
+                out["content"] = out.get("content", "") + rest
+                self.sent.add_text(rest)
+        # The upstream says the answer is complete: release what it left, as it left it.
+        leftover = [self._release(index) for index in sorted(self._held)]
+        if leftover:
+            out["tool_calls"] = out.get("tool_calls", []) + leftover
+        self.sent.finish_reason = finish_reason
+        self.finished = True
+
+    def end_leg(self) -> bytes | None:
+        """The leg broke: release continuation text held at the seam, if any."""
+        if self.seam is None or self.seam.done:
+            return None
+        rest = self.seam.flush()
+        if not rest:
+            return None
+        self.sent.add_text(rest)
+        return sse(orjson.dumps(self._chunk({"content": rest}, None)))
+
+    def synthesize_tool_use(self) -> bytes:
+        """End the answer with the tool calls the client has (plan SynthesizeToolUse)."""
+        self._held.clear()
+        self.sent.finish_reason = "tool_calls"
+        self.finished = True
+        return sse(orjson.dumps(self._chunk({}, "tool_calls")))
+
+    def close(self) -> bytes:
+        """The end of a successful answer: the usage chunk if asked, then ``[DONE]``."""
+        usage = self.sent.usage
+        if self.include_usage and usage is not None:
+            chunk = self._envelope()
+            chunk["choices"] = []
+            chunk["usage"] = usage
+            return sse(orjson.dumps(chunk)) + b"data: [DONE]\n\n"
+        return b"data: [DONE]\n\n"
+
+    def _envelope(self) -> dict[str, Any]:
+        identity = self.sent.identity or {}
+        return {
+            "id": identity.get("id"),
+            "object": "chat.completion.chunk",
+            "created": identity.get("created"),
+            "model": identity.get("model"),
+            "system_fingerprint": identity.get("system_fingerprint"),
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        chunk = self._envelope()
+        chunk["choices"] = [
+            {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        ]
+        return chunk

@@ -1,0 +1,215 @@
+"""The splicer, fed scripted upstream legs (no sockets): the client stream contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from gateway.recovery.accumulator import RunAccumulator
+from gateway.recovery.events import Chunk
+from gateway.recovery.plan import Plan
+from gateway.recovery.splice import SeamTrimmer, Splicer
+
+
+def chunk(
+    delta: dict[str, Any] | None = None,
+    finish: str | None = None,
+    *,
+    leg: int = 0,
+    usage: dict[str, int] | None = None,
+) -> Chunk:
+    obj: dict[str, Any] = {
+        "id": f"chatcmpl-leg{leg}",
+        "object": "chat.completion.chunk",
+        "created": 100 + leg,
+        "model": f"model-{leg}",
+        "system_fingerprint": f"fp{leg}",
+        "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage is not None:
+        obj["usage"] = usage
+    return Chunk(orjson.dumps(obj).decode(), obj)
+
+
+def call(index: int, args: str, call_id: str | None = None, name: str | None = None) -> Any:
+    delta: dict[str, Any] = {"index": index, "function": {"arguments": args}}
+    if call_id:
+        delta |= {"id": call_id, "type": "function"}
+        delta["function"]["name"] = name
+    return {"tool_calls": [delta]}
+
+
+def decode(out: bytes | None) -> list[dict[str, Any]]:
+    if out is None:
+        return []
+    events = [e for e in out.split(b"\n\n") if e]
+    return [orjson.loads(e.removeprefix(b"data: ")) for e in events if e != b"data: [DONE]"]
+
+
+def run_legs(legs: list[list[Chunk]], plans: list[Plan], include_usage: bool = False) -> Any:
+    splicer = Splicer(RunAccumulator(), include_usage=include_usage)
+    out: list[dict[str, Any]] = []
+    for i, leg in enumerate(legs):
+        if i:
+            splicer.begin_leg(plans[i - 1])
+        for c in leg:
+            out += decode(splicer.feed(c))
+        if i < len(legs) - 1:
+            out += decode(splicer.end_leg())
+    return splicer, out
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def test_first_leg_chunks_that_need_no_change_pass_as_received() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=False)
+    c = chunk({"content": "Hello"})
+    assert splicer.feed(c) == b"data: " + c.data.encode() + b"\n\n"
+
+
+def test_one_identity_one_role_and_text_continues_across_legs() -> None:
+    leg0 = [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hello, wor"})]
+    leg1 = [
+        chunk({"role": "assistant", "content": ""}, leg=1),
+        chunk({"content": "ld! Bye."}, leg=1),
+        chunk({}, "stop", leg=1),
+    ]
+    splicer, out = run_legs([leg0, leg1], [Plan.CONTINUE_TEXT])
+    assert text_of(out) == "Hello, world! Bye."
+    assert {(c["id"], c["model"], c["created"], c["system_fingerprint"]) for c in out} == {
+        ("chatcmpl-leg0", "model-0", 100, "fp0")
+    }
+    assert [c["choices"][0]["delta"].get("role") for c in out].count("assistant") == 1
+    assert [c["choices"][0]["finish_reason"] for c in out if c["choices"][0]["finish_reason"]] == [
+        "stop"
+    ]
+
+
+def test_tail_echo_and_whole_restart_are_trimmed_at_the_seam() -> None:
+    leg0 = [chunk({"content": "The quick brown fox "})]
+    echo = [chunk({"content": "brown fox jumps"}, leg=1), chunk({}, "stop", leg=1)]
+    splicer, out = run_legs([leg0, echo], [Plan.CONTINUE_TEXT])
+    assert text_of(out) == "The quick brown fox jumps"
+    assert splicer.seam is not None and splicer.seam.trimmed == len("brown fox ")
+
+    restart = [
+        chunk({"content": "The quick "}, leg=1),
+        chunk({"content": "brown fox jumps"}, leg=1),
+    ]
+    _, out = run_legs([leg0, [*restart, chunk({}, "stop", leg=1)]], [Plan.CONTINUE_TEXT])
+    assert text_of(out) == "The quick brown fox jumps"
+
+
+def test_reasoning_from_a_later_leg_is_not_forwarded_again() -> None:
+    leg0 = [chunk({"reasoning_content": "thinking"}), chunk({"content": "An"})]
+    leg1 = [
+        chunk({"reasoning_content": "thinking again"}, leg=1),
+        chunk({"content": "swer"}, leg=1),
+        chunk({}, "stop", leg=1),
+    ]
+    splicer, out = run_legs([leg0, leg1], [Plan.CONTINUE_TEXT])
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in out)
+    assert (reasoning, text_of(out)) == ("thinking", "Answer")
+
+
+def test_tool_calls_are_held_until_complete_then_released_whole() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=False)
+    assert splicer.feed(chunk(call(0, '{"ci', "call_a", "weather"))) is None
+    assert splicer.in_flight() == ["weather"]
+    [released] = decode(splicer.feed(chunk(call(0, 'ty": "Zürich"}'))))
+    assert released["choices"][0]["delta"]["tool_calls"] == [
+        {
+            "index": 0,
+            "id": "call_a",
+            "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Zürich"}'},
+        }
+    ]
+    assert splicer.in_flight() == [] and splicer.snapshot().completed_tool_calls == 1
+
+
+def test_restarted_leg_calls_get_contiguous_indices_and_unique_ids() -> None:
+    leg0 = [chunk(call(0, "{}", "call_x", "a")), chunk(call(1, '{"half', "call_y", "b"))]
+    leg1 = [
+        chunk(call(3, '{"whole": 1}', "call_x", "b"), leg=1),
+        chunk({}, "tool_calls", leg=1),
+    ]
+    splicer, out = run_legs([leg0, leg1], [Plan.WHOLE_RESTART])
+    calls = [
+        tc for c in out if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls", [])
+    ]
+    assert [c["index"] for c in calls] == [0, 1]
+    assert len({c["id"] for c in calls}) == 2
+    assert calls[1]["function"]["arguments"] == '{"whole": 1}'
+
+
+def test_synthesized_finish_after_completed_calls() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=False)
+    splicer.feed(chunk(call(0, "{}", "call_a", "f")))
+    splicer.feed(chunk(call(1, '{"x"', "call_b", "g")))
+    [end] = decode(splicer.synthesize_tool_use())
+    assert end["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "finish_reason": "tool_calls",
+        "logprobs": None,
+    }
+    assert splicer.in_flight() == []
+
+
+def test_usage_is_summed_over_legs_and_sent_once_when_asked() -> None:
+    leg0 = [chunk({"content": "a"}, usage={"prompt_tokens": 5, "completion_tokens": 1})]
+    leg1 = [
+        chunk({"content": "bcd"}, leg=1),
+        chunk({}, "stop", leg=1),
+        chunk(leg=1, usage={"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}),
+    ]
+    splicer, out = run_legs([leg0, leg1], [Plan.CONTINUE_TEXT], include_usage=True)
+    assert all("usage" not in c for c in out)
+    closing = splicer.close()
+    assert closing.endswith(b"data: [DONE]\n\n")
+    [usage_chunk] = decode(closing)
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 10}
+    assert Splicer(RunAccumulator(), include_usage=False).close() == b"data: [DONE]\n\n"
+
+
+def test_text_held_at_the_seam_is_released_when_the_leg_breaks() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=False)
+    splicer.feed(chunk({"content": "abc def"}))
+    splicer.begin_leg(Plan.CONTINUE_TEXT)
+    assert splicer.feed(chunk({"content": " d"}, leg=1)) is None  # " d" could start an echo
+    assert text_of(decode(splicer.end_leg())) == " d"
+    assert splicer.sent.text == "abc def d"
+
+
+WORDS = st.text(alphabet=st.characters(codec="utf-8", categories=["L", "N", "Zs"]), min_size=1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sent=WORDS,
+    rest=WORDS,
+    echo=st.integers(min_value=0),
+    cuts=st.lists(st.integers(min_value=1, max_value=8), max_size=10),
+)
+def test_seam_trims_exactly_the_echoed_tail_however_the_text_is_chunked(
+    sent: str, rest: str, echo: int, cuts: list[int]
+) -> None:
+    echo = 0 if echo % (len(sent) + 1) < 3 else echo % (len(sent) + 1)
+    continuation = sent[len(sent) - echo :] + rest
+    # Exclude text whose own start coincides with the sent tail: no trimmer can tell.
+    limit = min(len(sent), len(continuation))
+    assume(not any(sent.endswith(continuation[:k]) for k in range(max(echo + 1, 3), limit + 1)))
+    trimmer = SeamTrimmer(sent)
+    out, at = [], 0
+    for size in [*cuts, len(continuation)]:
+        out.append(trimmer.feed(continuation[at : at + size]))
+        at += size
+    out.append(trimmer.flush())
+    assert "".join(out) == rest
