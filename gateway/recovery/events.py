@@ -68,6 +68,6 @@ def parse_event(data: str) -> Event:
         if delta is not None and type(delta) is not dict:
             return Malformed(data)
         if choice.get("finish_reason") == "error":
-            # Some servers end a failed generation this way instead of an error object.
-            return InBandError({"message": "the upstream ended the answer with an error"})
+            # vLLM ends an aborted generation this way, with no detail: a server error.
+            return InBandError({"message": "finish_reason 'error'", "code": 500})
     return Chunk(data, obj)

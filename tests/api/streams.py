@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai import Stream
-from openai.types.chat import ChatCompletionChunk
+from openai import OpenAI, Stream
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
 
 
 @dataclass
@@ -53,3 +55,11 @@ def receive(stream: Stream[ChatCompletionChunk], into: Received | None = None) -
     for chunk in stream:
         received.feed(chunk)
     return received
+
+
+def stream_chat(client: OpenAI, model: str, **kwargs: Any) -> Received:
+    """Stream a chat completion for ``model`` and assemble what the client received."""
+    chunks: Stream[ChatCompletionChunk] = client.chat.completions.create(
+        model=model, messages=MESSAGES, stream=True, **kwargs
+    )
+    return receive(chunks)

@@ -10,26 +10,13 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from tests.api.streams import Received, receive
+from tests.api.streams import MESSAGES, Received, receive, stream_chat
 from tests.servers import RunningGateway
-
-MESSAGES = [{"role": "user", "content": "Tell me a story."}]
-
-
-def stream(client: OpenAI, model: str, **kwargs: object) -> Received:
-    return receive(
-        client.chat.completions.create(
-            model=model,
-            messages=MESSAGES,
-            stream=True,
-            **kwargs,  # type: ignore[call-overload]
-        )
-    )
 
 
 def test_stream_relays_exactly_the_upstream_text(client: OpenAI) -> None:
     model = "chaos:text=60,seed=3"
-    received = stream(client, model)
+    received = stream_chat(client, model)
     assert received.text == expected_answer(model).text
     assert received.roles == ["assistant"]
     assert received.finish_reasons == ["stop"]
@@ -38,14 +25,14 @@ def test_stream_relays_exactly_the_upstream_text(client: OpenAI) -> None:
 
 def test_2000_deltas_arrive_complete_and_in_order(client: OpenAI) -> None:
     model = "chaos:text=2000,seed=4"
-    received = stream(client, model)
+    received = stream_chat(client, model)
     assert received.text == expected_answer(model).text
     assert received.chunks == 2002  # role, 2000 deltas, finish
 
 
 def test_stream_tool_calls_arrive_whole(client: OpenAI) -> None:
     model = "chaos:text=5,tools=2,arg_deltas=6,seed=5"
-    received = stream(client, model)
+    received = stream_chat(client, model)
     answer = expected_answer(model)
     assert received.text == answer.text
     assert received.calls() == [(c.id, c.name, c.arguments) for c in answer.tool_calls]
@@ -54,23 +41,23 @@ def test_stream_tool_calls_arrive_whole(client: OpenAI) -> None:
 
 def test_reasoning_deltas_are_relayed(client: OpenAI) -> None:
     model = "chaos:reasoning=4,text=6"
-    received = stream(client, model)
+    received = stream_chat(client, model)
     answer = expected_answer(model)
     assert (received.reasoning, received.text) == (answer.reasoning, answer.text)
 
 
 def test_usage_chunk_is_relayed_when_the_client_asks(client: OpenAI) -> None:
     model = "chaos:text=7,usage=1"
-    received = stream(client, model, stream_options={"include_usage": True})
+    received = stream_chat(client, model, stream_options={"include_usage": True})
     assert len(received.usage) == 1
     assert received.usage[0].completion_tokens > 0
-    assert stream(client, model).usage == []
+    assert stream_chat(client, model).usage == []
 
 
 @pytest.mark.parametrize("wire", ["lineend=crlf", "lineend=cr", "comments=1", "split=1"])
 def test_upstream_wire_variants_decode_to_the_same_answer(client: OpenAI, wire: str) -> None:
     model = f"chaos:text=40,tools=1,seed=6,{wire}"
-    received = stream(client, model)
+    received = stream_chat(client, model)
     answer = expected_answer(model)
     assert received.text == answer.text
     assert received.calls() == [(c.id, c.name, c.arguments) for c in answer.tool_calls]
@@ -78,7 +65,7 @@ def test_upstream_wire_variants_decode_to_the_same_answer(client: OpenAI, wire: 
 
 def test_malformed_event_is_skipped_and_counted(client: OpenAI, gateway: RunningGateway) -> None:
     model = "chaos:text=20,fault=malformed,at=5,seed=7"
-    received = stream(client, model)
+    received = stream_chat(client, model)
     assert received.text == expected_answer(model).text
     skipped = gateway.metrics.registry.get_sample_value(
         "gateway_upstream_malformed_events_total", {"upstream": "chaos"}
@@ -88,7 +75,7 @@ def test_malformed_event_is_skipped_and_counted(client: OpenAI, gateway: Running
 
 def test_non_stream_assembles_the_completion(client: OpenAI, chaos: ChaosUpstream) -> None:
     model = "chaos:text=30,tools=1,seed=8,usage=1"
-    completion = client.chat.completions.create(model=model, messages=MESSAGES)  # type: ignore[arg-type]
+    completion = client.chat.completions.create(model=model, messages=MESSAGES)
     answer = expected_answer(model)
     message = completion.choices[0].message
     assert message.content == answer.text
@@ -123,7 +110,7 @@ def test_broken_stream_ends_with_an_error_the_sdk_raises(client: OpenAI, fault: 
     received = Received()
     with pytest.raises(openai.APIError):
         receive(
-            client.chat.completions.create(model=model, messages=MESSAGES, stream=True),  # type: ignore[arg-type]
+            client.chat.completions.create(model=model, messages=MESSAGES, stream=True),
             received,
         )
     assert expected_answer(model).text.startswith(received.text)
