@@ -30,12 +30,6 @@ def test_models_lists_the_upstream_models(client: OpenAI) -> None:
     assert "chaos" in [model.id for model in client.models.list()]
 
 
-def test_query_string_and_unknown_upstream_path_are_relayed(gateway: RunningGateway) -> None:
-    response = httpx.get(gateway.base_url + "/files?purpose=x")
-    assert response.status_code == 404  # the upstream's own answer, passed through
-    assert response.json()["error"]
-
-
 def test_models_include_routes_that_name_one_model(chaos: ChaosUpstream) -> None:
     routes = [
         {"match": "house-model", "upstream": "chaos", "model": "chaos:text=3"},
@@ -44,18 +38,6 @@ def test_models_include_routes_that_name_one_model(chaos: ChaosUpstream) -> None
     with running_gateway(gateway_config(chaos.base_url, routes=routes)) as gateway:
         ids = [m["id"] for m in httpx.get(gateway.base_url + "/models").json()["data"]]
     assert ids == ["chaos", "house-model"]
-
-
-def test_response_is_not_compressed_for_a_client_that_did_not_ask(
-    gateway: RunningGateway, chaos: ChaosUpstream
-) -> None:
-    response = httpx.post(
-        gateway.base_url + "/embeddings",
-        json={"model": "chaos", "input": "x"},
-        headers={"accept-encoding": "identity"},
-    )
-    assert response.json()["data"]
-    assert chaos.requests[-1].headers["accept-encoding"] == "identity"
 
 
 def test_percent_encoded_path_is_relayed_as_sent(

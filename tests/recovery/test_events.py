@@ -22,3 +22,9 @@ def test_done_error_and_malformed_payloads() -> None:
 def test_finish_reason_error_is_an_in_band_error() -> None:
     payload = '{"choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]}'
     assert isinstance(parse_event(payload), InBandError)
+
+
+def test_wrong_shaped_chunks_are_malformed_not_crashes() -> None:
+    assert isinstance(parse_event('{"choices": {"index": 0}}'), Malformed)
+    assert isinstance(parse_event('{"choices": ["x"]}'), Malformed)
+    assert isinstance(parse_event('{"choices": [{"delta": "text"}]}'), Malformed)

@@ -213,3 +213,13 @@ def test_seam_trims_exactly_the_echoed_tail_however_the_text_is_chunked(
         at += size
     out.append(trimmer.flush())
     assert "".join(out) == rest
+
+
+def test_a_payload_received_over_several_data_lines_is_re_encoded_as_one() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=False)
+    obj = {"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+    out = splicer.feed(
+        Chunk('{"id": "c",\n"choices": [{"index": 0, "delta": {"content": "x"}}]}', obj)
+    )
+    assert out is not None and out.count(b"\n") == 2 and out.endswith(b"\n\n")
+    assert decode(out)[0]["choices"][0]["delta"] == {"content": "x"}
