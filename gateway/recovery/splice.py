@@ -39,15 +39,17 @@ class SeamTrimmer:
 
     A continuation may re-emit the tail of the text already sent (``…the end of
     the`` + ``of the sentence``) or restart from the beginning. The trimmer holds
-    the continuation's text while it could still be such an echo: while it is a
-    prefix of the sent text (a restart), or occurs in it (a tail echo) and is
-    shorter than ``window``. Then it drops the longest overlap of at least
-    ``min_overlap`` characters and releases the rest.
+    the continuation's text only while it could still be such an echo: while it is
+    a prefix of the sent text (a restart), or occurs in the last ``window``
+    characters (where a tail echo starts). Then it drops the longest overlap of at
+    least ``min_overlap`` characters and releases the rest. A clean continuation
+    is released with its first delta unless that delta happens to occur in the
+    tail, so the seam costs at most a delta or two of latency.
     """
 
     def __init__(self, sent: str, window: int = 64, min_overlap: int = 3) -> None:
         self._sent = sent
-        self._window = window
+        self._tail = sent[-window:]
         self._min_overlap = min_overlap
         self._pending = ""
         self.trimmed = 0
@@ -61,7 +63,7 @@ class SeamTrimmer:
         sent = self._sent
         if len(sent) >= self._min_overlap and pending.startswith(sent):  # a whole restart
             return self._decide(pending, len(sent))
-        if sent.startswith(pending) or (len(pending) < self._window and pending in sent):
+        if sent.startswith(pending) or pending in self._tail:
             self._pending = pending
             return ""
         return self._decide(pending, self._overlap(pending))
