@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from collections.abc import Sequence
@@ -23,8 +24,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     else:
         os.environ.pop(CONFIG_ENV, None)
+    # uvicorn's own logging config, plus the gateway's loggers on the same handler.
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    log_config["loggers"]["gateway"] = {
+        "handlers": ["default"],
+        "level": args.log_level.upper(),
+        "propagate": False,
+    }
     uvicorn.run(
         "gateway.app:create_app_from_env",
+        log_config=log_config,
         factory=True,
         host=args.host or config.listen.host,
         port=config.listen.port if args.port is None else args.port,

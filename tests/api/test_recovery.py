@@ -6,6 +6,8 @@ byte for byte against the chaos upstream's uninterrupted answer.
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -289,3 +291,12 @@ def test_cancellation_during_backoff_ends_the_run_at_once(chaos: ChaosUpstream) 
             time.sleep(0.02)
         time.sleep(0.5)
     assert len(chaos.requests) == 1  # no attempt after the client left
+
+
+def test_one_log_line_per_recovery(sdk: OpenAI, caplog: pytest.LogCaptureFixture) -> None:
+    model = "chaos:text=20,seed=44,fault=reset,at=5,times=1"
+    with caplog.at_level(logging.INFO, logger="gateway.run"):
+        stream_chat(sdk, model)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("recovery ")]
+    assert "cause=reset plan=continue_text attempt=1 leg=0 upstream=chaos" in line
+    assert re.search(r"run=[0-9a-f]{32} ", line)
