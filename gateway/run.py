@@ -304,9 +304,8 @@ class ChatRun:
         for plan in self._plans:
             self._metrics.recoveries.labels(plan.value, outcome).inc()
         self._plans.clear()
-        seam = self.splicer.seam
-        if seam is not None and seam.trimmed:
-            self._metrics.seam_trimmed.inc(seam.trimmed)
+        if self.splicer.trimmed:
+            self._metrics.seam_trimmed.inc(self.splicer.trimmed)
 
     def _log_recovery(self, failure: StreamInterrupted, plan: Plan) -> None:
         logger.info(

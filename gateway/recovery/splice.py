@@ -109,6 +109,7 @@ class Splicer:
         self.leg = 0  # upstream responses started, minus one
         self.finished = False
         self.seam: SeamTrimmer | None = None
+        self._trimmed_earlier = 0  # by the seams of earlier legs
         self._held: dict[int, HeldCall] = {}
         self._ids: set[str] = set()
 
@@ -118,12 +119,19 @@ class Splicer:
         """Names of tool calls begun on this leg and not released (the client has none)."""
         return [call.name or "unnamed tool" for call in self._held.values()]
 
+    @property
+    def trimmed(self) -> int:
+        """Characters trimmed at every seam of the run so far."""
+        return self._trimmed_earlier + (self.seam.trimmed if self.seam is not None else 0)
+
     def snapshot(self) -> Sent:
         return Sent(self.sent.text_chars, len(self.sent.tool_calls), bool(self._held))
 
     def begin_leg(self, plan: Plan) -> None:
         """A new upstream response replaces the broken one."""
         self.leg += 1
+        if self.seam is not None:
+            self._trimmed_earlier += self.seam.trimmed
         self._held.clear()  # never sent: the new leg may emit those calls again, whole
         if plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
             self.seam = SeamTrimmer(self.sent.text)

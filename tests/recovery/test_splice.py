@@ -232,3 +232,12 @@ def test_clean_continuation_is_released_with_its_first_delta() -> None:
     trimmer = SeamTrimmer("The cat sat on the mat. " + "Then it slept, " * 8)
     assert trimmer.feed(" the") == " the"
     assert trimmer.trimmed == 0
+
+
+def test_trimmed_characters_add_up_over_several_seams() -> None:
+    leg0 = [chunk({"content": "one two three "})]
+    leg1 = [chunk({"content": "three four five "}, leg=1)]  # echoes "three "
+    leg2 = [chunk({"content": "five six"}, leg=2), chunk({}, "stop", leg=2)]  # echoes "five "
+    splicer, out = run_legs([leg0, leg1, leg2], [Plan.CONTINUE_TEXT, Plan.CONTINUE_TEXT])
+    assert text_of(out) == "one two three four five six"
+    assert splicer.trimmed == len("three ") + len("five ")
