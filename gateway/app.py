@@ -17,6 +17,7 @@ from starlette.routing import Route
 from gateway.api import ops
 from gateway.api.chat import chat_completions
 from gateway.api.passthrough import list_models, passthrough
+from gateway.api.runs import run_events
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.context import Gateway
 from gateway.errors import GatewayError, error_body
@@ -54,6 +55,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gateway = Gateway(config, metrics)
         app.state.gateway = gateway
+        await gateway.start()
         try:
             yield
         finally:
@@ -62,6 +64,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
         Route("/v1/{path:path}", passthrough, methods=ALL_METHODS),
         Route("/healthz", ops.healthz, methods=["GET"]),
         Route("/readyz", ops.readyz, methods=["GET"]),

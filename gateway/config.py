@@ -118,16 +118,50 @@ class Limits(_Model):
     max_keepalive_connections: int = Field(default=512, ge=0)
 
 
+REDIS_SCHEMES = (
+    "redis://",
+    "rediss://",
+    "redis+sentinel://",
+    "redis+cluster://",
+    "rediss+cluster://",
+)
+
+
 class State(_Model):
-    # redis:// or rediss:// URL shared by all replicas; unset: in-memory state.
+    """Durable runs (ARCHITECTURE.md section 5): where checkpoints go and how long runs live."""
+
+    # Shared by all replicas: redis:// or rediss:// (standalone), redis+cluster://
+    # (Cluster), redis+sentinel://host:26379,host2:26379/service[/db] (Sentinel).
     redis_url: SecretStr | None = None
+    # auto: redis when redis_url is set, else in memory; off: no checkpoints at all.
+    store: Literal["auto", "memory", "redis", "off"] = "auto"
+    pool_size: int = Field(default=64, gt=0)  # Redis connections per process
+    checkpoint_every: int = Field(default=4, ge=1)  # content deltas between checkpoints
+    ttl: float = Field(default=3600.0, gt=0)  # seconds a run's checkpoint lives
+    completed_ttl: float = Field(default=60.0, ge=0)  # kept for late resumers; 0 deletes
+    detach_grace: float = Field(default=30.0, ge=0)  # a run without a client goes on this long
+    lease_ttl: float = Field(default=5.0, gt=0)  # an owner silent this long is presumed dead
+    # Keys the hash of a run's credential; unset: shared through Redis (or per process).
+    owner_key: SecretStr | None = None
 
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().startswith(("redis://", "rediss://")):
-            raise ValueError("expected a redis:// or rediss:// URL")
+        if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
+            raise ValueError(f"expected a URL starting with one of {', '.join(REDIS_SCHEMES)}")
         return value
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> State:
+        if self.store == "redis" and self.redis_url is None:
+            raise ValueError("store: redis needs a redis_url")
+        return self
+
+    @property
+    def backend(self) -> Literal["memory", "redis", "off"]:
+        if self.store == "auto":
+            return "redis" if self.redis_url is not None else "memory"
+        return self.store
 
 
 class GatewayConfig(_Model):
@@ -188,7 +222,7 @@ def interpolate_env(node: Any, env: Mapping[str, str], path: str = "") -> Any:
 
 
 # Keys whose values may hold credentials (a URL may carry user:password): never echoed.
-_SECRET_KEYS = frozenset({"api_key", "base_url", "headers", "keys", "redis_url"})
+_SECRET_KEYS = frozenset({"api_key", "base_url", "headers", "keys", "redis_url", "owner_key"})
 
 
 def parse_config(data: Any, source: str = "config") -> GatewayConfig:
@@ -276,6 +310,14 @@ def describe(config: GatewayConfig) -> str:
         lines.append(f"  {route.match}: {legs}")
     auth = f"{len(config.auth.keys)} gateway key(s)" if config.auth.keys else "pass-through"
     lines.append(f"auth: {auth}")
-    redis_url = config.state.redis_url
-    lines.append(f"state: {'redis ' + mask_url(redis_url) if redis_url else 'memory'}")
+    state = config.state
+    where = {
+        "redis": "redis " + mask_url(state.redis_url) if state.redis_url else "",
+        "memory": "memory",
+        "off": "off",
+    }
+    lines.append(
+        f"state: {where[state.backend]}  checkpoint_every={state.checkpoint_every}  "
+        f"detach_grace={state.detach_grace:g}s  lease_ttl={state.lease_ttl:g}s"
+    )
     return "\n".join(lines)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import redis.asyncio as redis
 from starlette.requests import Request
 
 from gateway.api.inbound import ClientAuth, read_body, read_json_object
-from gateway.config import GatewayConfig
+from gateway.checkpoint.redis import RedisStore
+from gateway.checkpoint.store import CheckpointStore, MemoryStore
+from gateway.config import GatewayConfig, State
 from gateway.metrics import Metrics
+from gateway.resume import Runs
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import Router
 
@@ -22,10 +24,17 @@ class Gateway:
         self.metrics = metrics if metrics is not None else Metrics()
         self.auth = ClientAuth([k.get_secret_value().encode() for k in config.auth.keys])
         self.upstreams = UpstreamClient(config.upstreams, config.limits)
-        redis_url = config.state.redis_url
-        self.redis: redis.Redis | None = (
-            redis.from_url(redis_url.get_secret_value()) if redis_url else None
+        self.store = make_store(config.state)
+        self.runs = Runs(
+            config.state,
+            self.store,
+            metrics=self.metrics,
+            router=self.router,
+            upstreams=self.upstreams,
         )
+
+    async def start(self) -> None:
+        self.runs.start()
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         return await read_json_object(request, self.config.limits.max_body_bytes)
@@ -38,18 +47,25 @@ class Gateway:
 
     async def not_ready_reason(self) -> str | None:
         """Why this replica should not get traffic, or None when it is ready."""
-        if self.redis is not None:
+        if isinstance(self.store, RedisStore):
             try:
                 async with asyncio.timeout(1.0):
-                    await self.redis.ping()
-            except (TimeoutError, OSError, redis.RedisError) as exc:
+                    await self.store.ping()
+            except Exception as exc:  # noqa: BLE001 - any failure means not ready
                 return f"redis unreachable: {type(exc).__name__}"
         return None
 
     async def aclose(self) -> None:
+        await self.runs.aclose()  # runs first: their last checkpoints need the store
         await self.upstreams.aclose()
-        if self.redis is not None:
-            await self.redis.aclose()
+
+
+def make_store(config: State) -> CheckpointStore | None:
+    backend = config.backend
+    if backend == "redis":
+        assert config.redis_url is not None
+        return RedisStore(config.redis_url.get_secret_value(), config.pool_size)
+    return MemoryStore() if backend == "memory" else None
 
 
 def gateway_of(request: Request) -> Gateway:

@@ -11,6 +11,7 @@ The hierarchy::
     ├── Unauthorized             401 authentication_error (bad or missing gateway key)
     ├── NotFound                 404 invalid_request_error (unknown model, path, run)
     ├── PayloadTooLarge          413 invalid_request_error
+    ├── ServiceUnavailable       503 server_error (the checkpoint store, for a resume)
     └── UpstreamFailure          502 upstream_error (unreachable, broken, bad answer)
         └── UpstreamTimeout      504 upstream_error (no first byte in time)
 """
@@ -61,6 +62,12 @@ class NotFound(GatewayError):
     status_code = 404
     error_type = "invalid_request_error"
     code = "not_found"
+
+
+class ServiceUnavailable(GatewayError):
+    status_code = 503
+    error_type = "server_error"
+    code = "service_unavailable"
 
 
 class PayloadTooLarge(GatewayError):

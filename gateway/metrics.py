@@ -10,6 +10,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # LLM latencies span from tens of milliseconds (cached, small models) to a minute
 # (reasoning models before their first token).
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
+# A checkpoint write is one pipelined round trip to Redis: sub-millisecond when healthy.
+WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2)
 DURATION_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -67,6 +69,30 @@ class Metrics:
             "gateway_upstream_malformed_events_total",
             "Upstream SSE events that were not JSON objects (skipped).",
             ["upstream"],
+            registry=r,
+        )
+
+        self.checkpoint_writes = Counter(
+            "gateway_checkpoint_writes_total",
+            "Run checkpoints written to the store, by result (ok, error).",
+            ["result"],
+            registry=r,
+        )
+        self.checkpoint_write_seconds = Histogram(
+            "gateway_checkpoint_write_seconds",
+            "Latency of one batched checkpoint write (all due runs in one round trip).",
+            buckets=WRITE_BUCKETS,
+            registry=r,
+        )
+        self.resumes = Counter(
+            "gateway_resumes_total",
+            "Client resumes, by kind (local, replay, tail, takeover) and outcome.",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.detached_cancelled = Counter(
+            "gateway_detached_runs_cancelled_total",
+            "Runs cancelled because no client came back within the detach grace period.",
             registry=r,
         )
 

@@ -26,7 +26,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -76,6 +76,7 @@ class ChatRun:
     def __init__(
         self,
         *,
+        run_id: str | None = None,
         route: ResolvedRoute,
         body: dict[str, Any],
         client_authorization: str | None,
@@ -83,7 +84,7 @@ class ChatRun:
         metrics: Metrics,
         started: float | None = None,
     ) -> None:
-        self.id = uuid.uuid4().hex
+        self.id = run_id or uuid.uuid4().hex
         self.route = route
         self.stream = bool(body.get("stream"))
         self.accumulator = RunAccumulator()
@@ -102,10 +103,30 @@ class ChatRun:
         self._response: httpx.Response | None = None
         self._first_event_deadline = 0.0
         self._last_delay = 0.0
+        self.last_cause: Cause | None = None
+        # Called when an upstream stream broke, before recovery: a checkpoint is due.
+        self.on_interrupted: Callable[[], None] | None = None
 
     @property
     def leg(self) -> ResolvedLeg:
         return self.route.legs[self._leg_index]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The client's request (credentials are in headers, never here)."""
+        return self._body
+
+    @property
+    def leg_index(self) -> int:
+        return self._leg_index
+
+    def restore(
+        self, accumulator: RunAccumulator, *, leg: int, splice_leg: int, in_flight: list[str]
+    ) -> None:
+        """Take over a run from a checkpoint: what the client was sent, and where it was."""
+        self.accumulator = self.splicer.sent = accumulator
+        self.splicer.restore(splice_leg, in_flight)
+        self._leg_index = min(leg, len(self.route.legs) - 1)
 
     # -- opening an attempt ---------------------------------------------------------
 
@@ -215,12 +236,17 @@ class ChatRun:
 
     # -- the client stream ----------------------------------------------------------
 
-    async def aiter_sse(self) -> AsyncIterator[bytes]:
-        """The client's SSE body: spliced chunks, then ``[DONE]`` or an error event."""
+    async def aiter_sse(self, resume: Cause | None = None) -> AsyncIterator[bytes]:
+        """The client's SSE body: spliced chunks, then ``[DONE]`` or an error event.
+
+        ``resume``: the run was restored from a checkpoint (``restore``) and starts
+        with a recovery, as if its stream had broken for that cause.
+        """
         metrics, route = self._metrics, self.route.name
         metrics.active_streams.inc()
+        failure = None if resume is None else self._interrupted(resume)
         try:
-            async for data in self._run():
+            async for data in self._run(failure):
                 yield data
         except GatewayError as exc:
             yield sse_error_event(exc)
@@ -242,53 +268,60 @@ class ChatRun:
             await self.aclose()
         return self.accumulator.to_completion()
 
-    async def _run(self) -> AsyncIterator[bytes]:
-        awaiting_content = True
+    async def _run(self, failure: StreamInterrupted | None = None) -> AsyncIterator[bytes]:
+        """Relay legs until the answer is complete; start by recovering from ``failure``."""
+        awaiting_content = not self.accumulator.text_chars
         while True:
-            try:
-                async for data in self._relay():
-                    if awaiting_content and self.accumulator.text_chars:
-                        awaiting_content = False
-                        self._metrics.ttft.labels(self.route.name).observe(
-                            time.perf_counter() - self._started
-                        )
-                    yield data
+            if failure is None:
+                try:
+                    async for data in self._relay():
+                        if awaiting_content and self.accumulator.text_chars:
+                            awaiting_content = False
+                            self._metrics.ttft.labels(self.route.name).observe(
+                                time.perf_counter() - self._started
+                            )
+                        yield data
+                    self._count_recoveries("recovered")
+                    yield self.splicer.close()
+                    return
+                except StreamInterrupted as interrupted:
+                    failure = interrupted
+                    await self.aclose()
+            self.last_cause = failure.cause
+            if self.on_interrupted is not None:
+                self.on_interrupted()
+            tail = self.splicer.end_leg()
+            if tail:
+                yield tail
+            if self.splicer.finished:  # broke after the answer was complete
                 self._count_recoveries("recovered")
                 yield self.splicer.close()
                 return
-            except StreamInterrupted as failure:
-                await self.aclose()
-                tail = self.splicer.end_leg()
-                if tail:
-                    yield tail
-                if self.splicer.finished:  # broke after the answer was complete
-                    self._count_recoveries("recovered")
-                    yield self.splicer.close()
-                    return
-                plan = plan_recovery(self.splicer.snapshot())
-                if plan is Plan.SYNTHESIZE_TOOL_USE:
-                    self._log_recovery(failure, plan)
-                    self._plans.append(plan)
-                    self._count_recoveries("recovered")
-                    yield self.splicer.synthesize_tool_use()
-                    yield self.splicer.close()
-                    return
-                if failure.fatal:
-                    self._count_recoveries("failed")
-                    raise self._final(failure) from None
-                self._plan = plan
+            plan = plan_recovery(self.splicer.snapshot())
+            if plan is Plan.SYNTHESIZE_TOOL_USE:
+                self._log_recovery(failure, plan)
                 self._plans.append(plan)
-                try:
-                    if failure.cause is Cause.FIRST_BYTE_TIMEOUT:
-                        self._next_leg(failure)
-                    else:
-                        await self._backoff(failure, idle=failure.cause is Cause.IDLE)
-                    self._log_recovery(failure, plan)
-                    await self.open()
-                except (GatewayError, UpstreamHTTPError) as exc:
-                    self._count_recoveries("failed")
-                    raise self._final(failure, exc) from None
-                self.splicer.begin_leg(plan)
+                self._count_recoveries("recovered")
+                yield self.splicer.synthesize_tool_use()
+                yield self.splicer.close()
+                return
+            if failure.fatal:
+                self._count_recoveries("failed")
+                raise self._final(failure) from None
+            self._plan = plan
+            self._plans.append(plan)
+            try:
+                if failure.cause is Cause.FIRST_BYTE_TIMEOUT:
+                    self._next_leg(failure)
+                elif failure.cause not in (Cause.REPLICA_LOST, Cause.DETACHED):
+                    await self._backoff(failure, idle=failure.cause is Cause.IDLE)
+                self._log_recovery(failure, plan)
+                await self.open()
+            except (GatewayError, UpstreamHTTPError) as exc:
+                self._count_recoveries("failed")
+                raise self._final(failure, exc) from None
+            self.splicer.begin_leg(plan)
+            failure = None
 
     def _final(self, failure: StreamInterrupted, later: Exception | None = None) -> GatewayError:
         """The error that ends the client stream: the original failure, naming dropped tools."""

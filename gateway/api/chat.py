@@ -9,18 +9,20 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.api.passthrough import forward_json, upstream_error_response
+from gateway.api.runs import STREAM_HEADERS, resume_chat
 from gateway.context import gateway_of
 from gateway.errors import GatewayError
 from gateway.run import ChatRun
 from gateway.upstream.client import UpstreamHTTPError
-
-STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 async def chat_completions(request: Request) -> Response:
     started = time.perf_counter()
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
+    resumed = request.headers.get("x-run-id")
+    if resumed is not None:
+        return await resume_chat(request, gateway, resumed)
     body = await gateway.read_json(request)
     route = gateway.router.resolve(body.get("model"))
     if body.get("n") not in (None, 1):
@@ -39,8 +41,12 @@ async def chat_completions(request: Request) -> Response:
     try:
         await run.open()
         if run.stream:
+            # The run is relayed by its own task: it outlives this connection (detach).
+            local = gateway.runs.adopt(run, request.headers.get("authorization"))
             return StreamingResponse(
-                run.aiter_sse(), media_type="text/event-stream", headers=STREAM_HEADERS | headers
+                local.attach(0, ids=False),
+                media_type="text/event-stream",
+                headers=STREAM_HEADERS | headers,
             )
         completion = await run.collect()
     except UpstreamHTTPError as exc:

@@ -49,6 +49,7 @@ class RunAccumulator:
         self.reasoning_field = REASONING_FIELDS[0]
         self.tool_calls: list[ToolCall] = []
         self.text_chars = 0
+        self.reasoning_chars = 0
         self._text: list[str] = []
         self._reasoning: list[str] = []
         self._usage_by_leg: dict[int, dict[str, Any]] = {}
@@ -68,10 +69,15 @@ class RunAccumulator:
     def add_reasoning(self, field: str, text: str) -> None:
         self.reasoning_field = field
         self._reasoning.append(text)
+        self.reasoning_chars += len(text)
 
     def set_usage(self, leg: int, usage: dict[str, Any]) -> None:
         # Some providers repeat a running total on every chunk: keep the last per leg.
         self._usage_by_leg[leg] = usage
+
+    @property
+    def usage_by_leg(self) -> dict[int, dict[str, Any]]:
+        return self._usage_by_leg
 
     @property
     def usage(self) -> dict[str, Any] | None:

@@ -18,6 +18,8 @@ class Cause(enum.StrEnum):
     IDLE = "idle"  # no byte for idle_timeout after the stream started
     IN_BAND_ERROR = "in_band_error"
     TRUNCATED = "truncated"  # clean end of body with no finish_reason
+    REPLICA_LOST = "replica_lost"  # the gateway replica relaying the run died (crash resume)
+    DETACHED = "detached"  # the run was stopped while no client listened; resumed later
 
 
 def classify_transport_error(exc: BaseException) -> Cause:
@@ -39,6 +41,8 @@ DESCRIPTIONS = {
     Cause.IDLE: "stalled mid-stream (idle timeout)",
     Cause.IN_BAND_ERROR: "sent an error event",
     Cause.TRUNCATED: "ended the stream without a finish_reason",
+    Cause.REPLICA_LOST: "was being relayed by a gateway replica that stopped",
+    Cause.DETACHED: "was stopped while no client was listening",
 }
 
 

@@ -112,12 +112,24 @@ class Splicer:
         self._trimmed_earlier = 0  # by the seams of earlier legs
         self._held: dict[int, HeldCall] = {}
         self._ids: set[str] = set()
+        self._dropped: list[str] = []  # in flight when a replica stopped (``restore``)
+
+    def restore(self, leg: int, in_flight: list[str]) -> None:
+        """Continue a run rebuilt from a checkpoint: its accumulator is already ``sent``."""
+        self.leg = leg
+        self._ids = {call.id for call in self.sent.tool_calls}
+        self.finished = self.sent.finish_reason is not None
+        self._dropped = in_flight
 
     # -- what recovery needs to know ------------------------------------------------
 
     def in_flight(self) -> list[str]:
         """Names of tool calls begun on this leg and not released (the client has none)."""
-        return [call.name or "unnamed tool" for call in self._held.values()]
+        return self._dropped + [call.name or "unnamed tool" for call in self._held.values()]
+
+    def held_calls(self) -> list[tuple[str, str]]:
+        """(name, arguments so far) of the calls in flight: for checkpoints."""
+        return [(call.name, call.arguments.text) for call in self._held.values()]
 
     @property
     def trimmed(self) -> int:
@@ -125,7 +137,8 @@ class Splicer:
         return self._trimmed_earlier + (self.seam.trimmed if self.seam is not None else 0)
 
     def snapshot(self) -> Sent:
-        return Sent(self.sent.text_chars, len(self.sent.tool_calls), bool(self._held))
+        in_flight = bool(self._held or self._dropped)
+        return Sent(self.sent.text_chars, len(self.sent.tool_calls), in_flight)
 
     def begin_leg(self, plan: Plan) -> None:
         """A new upstream response replaces the broken one."""
@@ -133,6 +146,7 @@ class Splicer:
         if self.seam is not None:
             self._trimmed_earlier += self.seam.trimmed
         self._held.clear()  # never sent: the new leg may emit those calls again, whole
+        self._dropped = []
         if plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
             self.seam = SeamTrimmer(self.sent.text)
         else:

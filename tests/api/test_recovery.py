@@ -278,7 +278,9 @@ class TestLegs:
 def test_cancellation_during_backoff_ends_the_run_at_once(chaos: ChaosUpstream) -> None:
     slow = FAST_RETRY | {"backoff_initial": 5, "backoff_max": 5}
     body = {"model": "chaos:text=20,seed=43,fault=reset,at=5", "messages": MESSAGES, "stream": True}
-    with running_gateway(config(chaos, route={"retry": slow})) as gw:
+    # No detach grace: the run is cancelled as soon as its only client leaves.
+    cfg = config(chaos, route={"retry": slow}, state={"detach_grace": 0})
+    with running_gateway(cfg) as gw:
         chaos.requests.clear()
         with httpx.stream("POST", gw.base_url + "/chat/completions", json=body) as response:
             for line in response.iter_lines():

@@ -1,0 +1,151 @@
+"""The checkpoint store interface, and the in-memory store (the embedded default).
+
+A store keeps each run's record, event log, state and lease (see ``model``), and
+lets another replica tail the log and take a run over. The writer calls ``write``
+with many runs' flushes at once; a store sends them in one round trip.
+
+The in-memory store serves one process: it makes a run resumable after its
+client left and after its detach grace ran out, with no Redis at all. It keeps
+the same TTL and lease semantics as Redis so the same code paths run on both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.checkpoint.model import Checkpoint, Flush, RunRecord, RunState, split_events
+
+
+class CheckpointStore(Protocol):
+    async def ping(self) -> None:
+        """Raise if the store cannot be reached."""
+
+    async def owner_key(self) -> bytes:
+        """The key owner hashes are made with: the same on every replica of a store."""
+
+    async def write(self, flushes: Sequence[Flush]) -> list[bool]:
+        """Apply flushes in one round trip; per flush, whether a replica tails that run."""
+
+    async def load(self, run_id: str) -> Checkpoint | None: ...
+
+    async def read_events(
+        self, run_id: str, after: int, block: float = 0
+    ) -> list[tuple[int, bytes]]:
+        """Events numbered above ``after``; waits up to ``block`` seconds for one."""
+
+    async def lease_holder(self, run_id: str) -> str | None: ...
+
+    async def claim(self, run_id: str, replica: str, ttl: float) -> bool:
+        """Take a run whose lease expired; exactly one caller wins."""
+
+    async def watch(self, run_id: str, ttl: float) -> None:
+        """Ask the owner to checkpoint every event for ``ttl`` seconds (a live tail)."""
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class _Run:
+    record: bytes | None = None
+    state: bytes | None = None
+    events: list[bytes] = field(default_factory=list)
+    expires: float = 0.0
+    lease: str | None = None
+    lease_expires: float = 0.0
+    watch_expires: float = 0.0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._runs: dict[str, _Run] = {}
+        self._key = secrets.token_bytes(32)
+
+    def _get(self, run_id: str) -> _Run | None:
+        run = self._runs.get(run_id)
+        if run is not None and run.expires <= time.monotonic():
+            del self._runs[run_id]
+            return None
+        return run
+
+    async def ping(self) -> None:
+        return None
+
+    async def owner_key(self) -> bytes:
+        return self._key
+
+    async def write(self, flushes: Sequence[Flush]) -> list[bool]:
+        now = time.monotonic()
+        watched = []
+        for flush in flushes:
+            run = self._runs.setdefault(flush.run_id, _Run())
+            if flush.ttl <= 0:
+                del self._runs[flush.run_id]
+                run.changed.set()
+                watched.append(False)
+                continue
+            if flush.reset:
+                run.events.clear()
+            if flush.record is not None:
+                run.record = flush.record
+            if flush.events:
+                del run.events[flush.first_seq - 1 :]
+                run.events.extend(split_events(flush.events))
+            run.state = flush.state
+            run.expires = now + flush.ttl
+            run.lease = flush.lease
+            run.lease_expires = now + flush.lease_ttl
+            run.changed.set()
+            run.changed = asyncio.Event()
+            watched.append(run.watch_expires > now)
+        # Lazily forget expired runs so a long-lived process does not grow.
+        for run_id in [k for k, r in self._runs.items() if r.expires <= now]:
+            del self._runs[run_id]
+        return watched
+
+    async def load(self, run_id: str) -> Checkpoint | None:
+        run = self._get(run_id)
+        if run is None or run.record is None or run.state is None:
+            return None
+        return Checkpoint(
+            RunRecord.decode(run.record), RunState.decode(run.state), list(run.events)
+        )
+
+    async def read_events(
+        self, run_id: str, after: int, block: float = 0
+    ) -> list[tuple[int, bytes]]:
+        run = self._get(run_id)
+        if run is None:
+            return []
+        if len(run.events) <= after and block > 0:
+            try:
+                await asyncio.wait_for(run.changed.wait(), block)
+            except TimeoutError:
+                return []
+        return [(seq, event) for seq, event in enumerate(run.events, 1) if seq > after]
+
+    async def lease_holder(self, run_id: str) -> str | None:
+        run = self._get(run_id)
+        if run is None or run.lease_expires <= time.monotonic():
+            return None
+        return run.lease
+
+    async def claim(self, run_id: str, replica: str, ttl: float) -> bool:
+        run = self._get(run_id)
+        if run is None or await self.lease_holder(run_id) is not None:
+            return False
+        run.lease, run.lease_expires = replica, time.monotonic() + ttl
+        return True
+
+    async def watch(self, run_id: str, ttl: float) -> None:
+        run = self._get(run_id)
+        if run is not None:
+            run.watch_expires = time.monotonic() + ttl
+
+    async def aclose(self) -> None:
+        self._runs.clear()

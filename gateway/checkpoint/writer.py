@@ -1,0 +1,144 @@
+"""Checkpoint writes that never slow the relay.
+
+A run only *marks* itself due (a dict insert and an event set, no I/O). One task
+per process takes every due run, asks each for what changed since its last
+checkpoint, and sends them all to the store in one pipelined round trip. Marks
+that arrive while a write is in flight coalesce: the next write carries the
+newest state of each run, once. A slow store delays checkpoints, never chunks.
+
+When the store fails, streams go on unprotected: the failure is counted, one
+warning is logged for the whole outage, and the writer retries with backoff.
+The first write after an outage rewrites each run whole (record and full log),
+because a restarted Redis may have lost what it had.
+
+Every write renews the writer's leases on its runs; runs with nothing new get a
+heartbeat write every third of the lease TTL, so a silent owner is a dead one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from gateway.checkpoint.model import Flush
+from gateway.checkpoint.store import CheckpointStore
+from gateway.metrics import Metrics
+
+logger = logging.getLogger("gateway.checkpoint")
+
+
+class Checkpointed(Protocol):
+    """A run the writer checkpoints (``gateway.runs.LocalRun``)."""
+
+    id: str
+    last_write: float  # loop time of the last committed write
+
+    def flush(self, owner_key: bytes, *, rewrite: bool) -> Flush: ...
+
+    def flushed(self, flush: Flush, watched: bool) -> None: ...
+
+
+class CheckpointWriter:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        metrics: Metrics,
+        *,
+        lease_ttl: float,
+        owner_key: bytes | None = None,
+        write_timeout: float = 2.0,
+    ) -> None:
+        self.store = store
+        self._metrics = metrics
+        self._heartbeat = lease_ttl / 3
+        self._timeout = write_timeout
+        self._owner_key = owner_key
+        self._due: dict[str, Checkpointed] = {}
+        self._owned: dict[str, Checkpointed] = {}  # runs whose lease this writer renews
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.healthy = True
+
+    async def owner_key(self) -> bytes:
+        if self._owner_key is None:
+            self._owner_key = await self.store.owner_key()
+        return self._owner_key
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="checkpoints")
+
+    def mark(self, run: Checkpointed) -> None:
+        """``run`` has something to checkpoint: written with the next batch."""
+        self._due[run.id] = run
+        self._owned[run.id] = run
+        self._wake.set()
+
+    def disown(self, run_id: str) -> None:
+        """The run's last checkpoint was written (or it is gone): no more heartbeats."""
+        self._owned.pop(run_id, None)
+
+    async def _loop(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                async with asyncio.timeout(self._heartbeat):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if await self.write_due():
+                backoff = 0.1
+            else:
+                await asyncio.sleep(backoff)  # the store is down: retry, a little later each time
+                backoff = min(backoff * 2, 2.0)
+
+    async def write_due(self) -> bool:
+        """Write every due run (and heartbeats) in one round trip; False if the store failed."""
+        now = asyncio.get_running_loop().time()
+        for run in self._owned.values():
+            if now - run.last_write >= self._heartbeat:
+                self._due.setdefault(run.id, run)
+        if not self._due:
+            return True
+        batch = list(self._due.values())
+        self._due.clear()
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout):
+                key = await self.owner_key()
+                flushes = [run.flush(key, rewrite=not self.healthy) for run in batch]
+                watched = await self.store.write(flushes)
+        except Exception as exc:  # noqa: BLE001 - any store failure: go on without it
+            self._metrics.checkpoint_writes.labels("error").inc(len(batch))
+            for run in batch:
+                self._due.setdefault(run.id, run)
+            if self.healthy:
+                self.healthy = False
+                logger.warning(
+                    "checkpoint store unavailable (%s); streams go on without checkpoints "
+                    "until it is back",
+                    type(exc).__name__,
+                )
+            return False
+        self._metrics.checkpoint_write_seconds.observe(time.perf_counter() - started)
+        self._metrics.checkpoint_writes.labels("ok").inc(len(flushes))
+        if not self.healthy:
+            self.healthy = True
+            logger.warning("checkpoint store reachable again; checkpoints resumed")
+        for run, flush, watch in zip(batch, flushes, watched, strict=True):
+            run.flushed(flush, watch)
+        return True
+
+    async def aclose(self) -> None:
+        """Stop the loop and make one last attempt at what is due."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._due:
+            await self.write_due()

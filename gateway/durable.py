@@ -1,0 +1,233 @@
+"""A streaming run that outlives its client connection.
+
+The run is relayed by its own task (the *producer*) into a ``RunLog``: the
+client's SSE events, numbered from 1. Clients are *followers* of the log from an
+offset: the one that started the run from 0, a reconnecting one from what it
+already has. When the last follower leaves, the run goes on for the detach grace
+period, so a reconnect finds it live; then it is cancelled and its upstream
+closed, after a last checkpoint that lets a later resume continue it.
+
+Checkpoints: the producer marks the run due every ``checkpoint_every`` content
+deltas, on each interruption and at the end (every event while another replica
+tails it); the writer (``checkpoint.writer``) does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from gateway.checkpoint.model import (
+    DONE_EVENT,
+    FINAL_STATUSES,
+    Flush,
+    InFlightCall,
+    RunRecord,
+    RunState,
+    Status,
+    owner_hash,
+    split_events,
+)
+from gateway.recovery.classify import Cause
+from gateway.run import ChatRun
+
+if TYPE_CHECKING:
+    from gateway.resume import Runs
+
+
+class RunLog:
+    """The client events of one run, and the followers waiting for more."""
+
+    def __init__(self, events: list[bytes] | None = None) -> None:
+        self.events: list[bytes] = events if events is not None else []
+        self.closed = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def append(self, data: bytes) -> None:
+        """One or more complete events, as the run yields them."""
+        if data.count(b"\n\n") == 1:
+            self.events.append(data)
+        else:
+            self.events.extend(split_events(data))
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiters:
+            for waiter in self._waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._waiters.clear()
+
+    async def follow(self, after: int, *, ids: bool) -> AsyncIterator[bytes]:
+        """Events numbered above ``after``, then the live rest, until the log closes.
+
+        Events that piled up while the client was slow go out in one write.
+        """
+        seq = after
+        loop = asyncio.get_running_loop()
+        while True:
+            events = self.events
+            if seq < len(events):
+                batch = events[seq:]
+                if ids:
+                    yield b"".join(b"id: %d\n%s" % (n, e) for n, e in enumerate(batch, seq + 1))
+                else:
+                    yield batch[0] if len(batch) == 1 else b"".join(batch)
+                seq += len(batch)
+            elif self.closed:
+                return
+            else:
+                waiter = loop.create_future()
+                self._waiters.append(waiter)
+                await waiter
+
+
+class LocalRun:
+    """A run this process relays: its producer task, log, followers and checkpoints."""
+
+    def __init__(
+        self,
+        runs: Runs,
+        run: ChatRun,
+        log: RunLog,
+        *,
+        credential: str | None,
+        created: float | None = None,
+        resume: Cause | None = None,
+    ) -> None:
+        self.id = run.id
+        self.run = run
+        self.log = log
+        self.credential = credential  # in memory only; checkpoints hold its keyed hash
+        self.created = time.time() if created is None else created
+        self.status: Status = "running"
+        self.clients = 0
+        self.last_write = 0.0
+        self._runs = runs
+        self._record_written = resume is not None  # a run taken over has its record
+        self._flushed_seq = len(log.events) if resume is not None else 0
+        self._watched = False
+        self._deltas = 0
+        self._grace: asyncio.TimerHandle | None = None
+        run.on_interrupted = self.checkpoint
+        self.task = asyncio.get_running_loop().create_task(self._produce(resume))
+
+    def owned_by(self, credential: str | None) -> bool:
+        return hmac.compare_digest((self.credential or "").encode(), (credential or "").encode())
+
+    def checkpoint(self) -> None:
+        if self._runs.writer is not None:
+            self._runs.writer.mark(self)
+
+    async def _produce(self, resume: Cause | None) -> None:
+        log, every = self.log, self._runs.config.checkpoint_every
+        accumulator = self.run.accumulator
+        progress = -1
+        self.checkpoint()  # the record, at once: a run is resumable from its start
+        try:
+            async for data in self.run.aiter_sse(resume):
+                log.append(data)
+                now = accumulator.text_chars + accumulator.reasoning_chars
+                now += len(accumulator.tool_calls)
+                if now != progress:
+                    progress = now
+                    self._deltas += 1
+                if self._watched or self._deltas >= every:
+                    self._deltas = 0
+                    self.checkpoint()
+            self.status = "done" if log.events and log.events[-1] == DONE_EVENT else "failed"
+        except asyncio.CancelledError:
+            self.status = "detached"
+            raise
+        finally:
+            log.close()
+            self._runs.ended(self)
+
+    # -- followers and the detach grace -------------------------------------------
+
+    async def attach(self, after: int, *, ids: bool) -> AsyncIterator[bytes]:
+        """The client body of one follower."""
+        self.clients += 1
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        try:
+            async for data in self.log.follow(after, ids=ids):
+                yield data
+        finally:
+            self.clients -= 1
+            if self.clients == 0:
+                self.start_grace()
+
+    def start_grace(self) -> None:
+        """No client listens: cancel the run unless one attaches within the grace period."""
+        if self.task.done() or self._grace is not None:
+            return
+        cancel: Callable[[], None] = self._expire
+        self._grace = asyncio.get_running_loop().call_later(self._runs.config.detach_grace, cancel)
+
+    def _expire(self) -> None:
+        self._grace = None
+        if self.clients == 0 and not self.task.done():
+            self._runs.metrics.detached_cancelled.inc()
+            self.task.cancel()
+
+    # -- checkpoints (the writer's side) ------------------------------------------
+
+    def flush(self, owner_key: bytes, *, rewrite: bool) -> Flush:
+        config, run = self._runs.config, self.run
+        events = self.log.events
+        last = len(events)
+        first = 1 if rewrite else self._flushed_seq + 1
+        record = None
+        if rewrite or not self._record_written:
+            record = RunRecord(
+                self.id,
+                owner_hash(owner_key, self.credential),
+                run.route.name,
+                run.body,
+                self.created,
+            ).encode()
+        accumulator, splicer = run.accumulator, run.splicer
+        state = RunState(
+            seq=last,
+            status=self.status,
+            leg=run.leg_index,
+            splice_leg=splicer.leg,
+            usage_by_leg={str(k): v for k, v in accumulator.usage_by_leg.items()},
+            in_flight=[InFlightCall(name, args) for name, args in splicer.held_calls()],
+            text_chars=accumulator.text_chars,
+            reasoning_chars=accumulator.reasoning_chars,
+            tool_calls=len(accumulator.tool_calls),
+            cause=None if run.last_cause is None else run.last_cause.value,
+            updated=time.time(),
+        )
+        final = self.status != "running"
+        return Flush(
+            run_id=self.id,
+            first_seq=first,
+            events=b"".join(events[first - 1 : last]),
+            last_seq=last,
+            state=state.encode(),
+            record=record,
+            reset=rewrite,
+            expire=record is not None or final or first == 1,
+            ttl=config.completed_ttl if self.status in FINAL_STATUSES else config.ttl,
+            lease=None if final else self._runs.replica,
+            lease_ttl=config.lease_ttl,
+        )
+
+    def flushed(self, flush: Flush, watched: bool) -> None:
+        self._flushed_seq = flush.last_seq
+        self._record_written = True
+        self._watched = watched
+        self.last_write = asyncio.get_running_loop().time()
+        if flush.lease is None and self._runs.writer is not None:
+            self._runs.writer.disown(self.id)

@@ -1,0 +1,288 @@
+"""The runs of one process, and resuming any run from any replica.
+
+A resume names a run and the number of events the client already has. Where the
+run is, decides how the rest is served (``kind`` in ``gateway_resumes_total``):
+
+- ``local``: this process relays it (live, detached, or just finished): the rest
+  of its log, then the live events.
+- ``replay``: it finished elsewhere: the rest of the stored log.
+- ``tail``: another replica relays it (its lease is held): the stored log after
+  the offset, then a blocking read of the same Redis Stream for live events. The
+  tailer sets a ``watch`` key, and the owner checkpoints every event while it is
+  set, so the tail lags the owner by one write, not by ``checkpoint_every`` deltas.
+- ``takeover``: nobody holds its lease (its replica died, or it was stopped after
+  its detach grace): this process claims the lease (SET NX: exactly one replica
+  wins), rebuilds the run from the checkpoint, and continues the upstream with
+  the recovery plan, as for a broken stream.
+
+Ownership: only the credential that started a run resumes it. Locally the
+credentials are compared; in the store, keyed hashes. Anything else is a 404
+that says no more than an unknown id would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+
+from gateway.checkpoint.model import Checkpoint, is_terminal, owner_hash
+from gateway.checkpoint.store import CheckpointStore
+from gateway.checkpoint.writer import CheckpointWriter
+from gateway.config import State
+from gateway.durable import LocalRun, RunLog
+from gateway.errors import GatewayError, NotFound, ServiceUnavailable, sse_error_event
+from gateway.metrics import Metrics
+from gateway.recovery.classify import Cause
+from gateway.run import ChatRun
+from gateway.upstream.client import UpstreamClient
+from gateway.upstream.routes import Router
+
+logger = logging.getLogger("gateway.resume")
+
+
+class RunNotFound(NotFound):
+    code = "run_not_found"
+
+
+def _not_found(run_id: str) -> RunNotFound:
+    return RunNotFound(
+        f"No run {run_id!r} can be resumed with this credential: it is unknown, it "
+        "expired, or another credential started it."
+    )
+
+
+class Runs:
+    def __init__(
+        self,
+        config: State,
+        store: CheckpointStore | None,
+        *,
+        metrics: Metrics,
+        router: Router,
+        upstreams: UpstreamClient,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        owner_key = config.owner_key.get_secret_value().encode() if config.owner_key else None
+        self.writer = (
+            CheckpointWriter(store, metrics, lease_ttl=config.lease_ttl, owner_key=owner_key)
+            if store is not None
+            else None
+        )
+        self.local: dict[str, LocalRun] = {}
+        self._router = router
+        self._upstreams = upstreams
+
+    def start(self) -> None:
+        if self.writer is not None:
+            self.writer.start()
+
+    def adopt(
+        self,
+        run: ChatRun,
+        credential: str | None,
+        log: RunLog | None = None,
+        *,
+        created: float | None = None,
+        resume: Cause | None = None,
+    ) -> LocalRun:
+        """Relay ``run`` in its own task, so that it outlives its client connection."""
+        local = LocalRun(
+            self, run, log or RunLog(), credential=credential, created=created, resume=resume
+        )
+        self.local[run.id] = local
+        local.start_grace()  # cancelled by the first follower to attach
+        return local
+
+    def ended(self, local: LocalRun) -> None:
+        local.checkpoint()  # the last one: final status, lease released
+        if local.status == "detached":
+            self.local.pop(local.id, None)  # resumed from its checkpoint, if at all
+            return
+        # A client that dropped just before the end can still fetch it from here.
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.config.completed_ttl, self.local.pop, local.id, None)
+
+    # -- resume -------------------------------------------------------------------
+
+    async def resume(
+        self,
+        run_id: str,
+        credential: str | None,
+        after: int,
+        *,
+        ids: bool,
+        forward_authorization: str | None,
+    ) -> AsyncIterator[bytes] | None:
+        """The rest of a run's client stream after event ``after``; None if there is none.
+
+        Raises ``RunNotFound`` for an unknown run or another credential, before
+        anything is streamed.
+        """
+        local = self.local.get(run_id)
+        if local is not None:
+            if not local.owned_by(credential):
+                raise self._refused(run_id)
+            self._count("local", "ok")
+            if local.log.closed and after >= len(local.log.events):
+                return None
+            return local.attach(after, ids=ids)
+        store = self.store
+        if store is None:
+            raise self._refused(run_id)
+        try:
+            checkpoint = await self._load(store, run_id, credential)
+            if checkpoint.finished:
+                self._count("replay", "ok")
+                return (
+                    self._replay(checkpoint, after, ids) if after < len(checkpoint.events) else None
+                )
+            if await store.lease_holder(run_id) is None:
+                taken = await self._take_over(
+                    store, run_id, credential, after, ids, forward_authorization
+                )
+                if taken is not None:
+                    return taken
+        except (GatewayError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
+            self._count("store", "error")
+            raise ServiceUnavailable(
+                f"Run {run_id!r} cannot be resumed now: the checkpoint store is "
+                f"unavailable ({type(exc).__name__})."
+            ) from None
+        self._count("tail", "ok")
+        return self._tail(store, run_id, credential, after, ids, forward_authorization)
+
+    def _refused(self, run_id: str) -> RunNotFound:
+        self._count("none", "not_found")
+        return _not_found(run_id)
+
+    def _count(self, kind: str, outcome: str) -> None:
+        self.metrics.resumes.labels(kind, outcome).inc()
+
+    async def _load(
+        self, store: CheckpointStore, run_id: str, credential: str | None
+    ) -> Checkpoint:
+        checkpoint = await store.load(run_id)
+        if checkpoint is None:
+            raise self._refused(run_id)
+        assert self.writer is not None
+        expected = owner_hash(await self.writer.owner_key(), credential)
+        if not secrets.compare_digest(expected, checkpoint.record.owner):
+            raise self._refused(run_id)
+        return checkpoint
+
+    @staticmethod
+    async def _replay(checkpoint: Checkpoint, after: int, ids: bool) -> AsyncIterator[bytes]:
+        rest = checkpoint.events[after:]
+        if ids:
+            yield b"".join(b"id: %d\n%s" % (n, e) for n, e in enumerate(rest, after + 1))
+        else:
+            yield b"".join(rest)
+
+    async def _take_over(
+        self,
+        store: CheckpointStore,
+        run_id: str,
+        credential: str | None,
+        after: int,
+        ids: bool,
+        forward_authorization: str | None,
+    ) -> AsyncIterator[bytes] | None:
+        """Claim a run nobody holds and continue it here; None if another replica won."""
+        if not await store.claim(run_id, self.replica, self.config.lease_ttl):
+            return None
+        # Read again under the lease: the last owner may have written since.
+        checkpoint = await self._load(store, run_id, credential)
+        record, state = checkpoint.record, checkpoint.state
+        if checkpoint.finished:
+            self._count("replay", "ok")
+            return self._replay(checkpoint, after, ids)
+        route = self._router.resolve(record.body.get("model"))
+        run = ChatRun(
+            run_id=run_id,
+            route=route,
+            body=record.body,
+            client_authorization=forward_authorization,
+            upstreams=self._upstreams,
+            metrics=self.metrics,
+        )
+        run.restore(
+            checkpoint.accumulator(),
+            leg=state.leg,
+            splice_leg=state.splice_leg,
+            in_flight=[call.name or "unnamed tool" for call in state.in_flight],
+        )
+        cause = Cause.DETACHED if state.status == "detached" else Cause.REPLICA_LOST
+        logger.info(
+            "takeover run=%s cause=%s events=%d text_chars=%d client_has=%d",
+            run_id,
+            cause.value,
+            len(checkpoint.events),
+            state.text_chars,
+            after,
+        )
+        local = self.adopt(
+            run, credential, RunLog(checkpoint.events), created=record.created, resume=cause
+        )
+        self._count("takeover", "ok")
+        return local.attach(after, ids=ids)
+
+    async def _tail(
+        self,
+        store: CheckpointStore,
+        run_id: str,
+        credential: str | None,
+        after: int,
+        ids: bool,
+        forward_authorization: str | None,
+    ) -> AsyncIterator[bytes]:
+        """Follow a run another replica relays; take it over if that replica dies."""
+        seq, block = after, min(1.0, self.config.lease_ttl / 2)
+        loop = asyncio.get_running_loop()
+        watched_until = 0.0
+        while True:
+            if loop.time() >= watched_until:
+                await store.watch(run_id, 4 * block)
+                watched_until = loop.time() + block
+            entries = await store.read_events(run_id, seq, block)
+            if entries:
+                if ids:
+                    yield b"".join(b"id: %d\n%s" % (n, e) for n, e in entries)
+                else:
+                    yield b"".join(e for _, e in entries)
+                seq = entries[-1][0]
+                if is_terminal(entries[-1][1]):
+                    return
+                continue
+            if await store.lease_holder(run_id) is not None:
+                continue
+            try:
+                taken = await self._take_over(
+                    store, run_id, credential, seq, ids, forward_authorization
+                )
+            except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
+                yield sse_error_event(exc)
+                return
+            if taken is not None:
+                async for data in taken:
+                    yield data
+                return
+
+    async def aclose(self) -> None:
+        """Stop relaying: each run gets a last checkpoint another replica can resume."""
+        running = [local.task for local in self.local.values() if not local.task.done()]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        if self.writer is not None:
+            await self.writer.aclose()
+        if self.store is not None:
+            await self.store.aclose()
