@@ -129,7 +129,7 @@ class LocalRun:
     async def _produce(self, resume: Cause | None) -> None:
         log, every = self.log, self._runs.config.checkpoint_every
         accumulator = self.run.accumulator
-        progress = -1
+        progress = 0  # content only: the role chunk is not a delta
         self.checkpoint()  # the record, at once: a run is resumable from its start
         try:
             async for data in self.run.aiter_sse(resume):

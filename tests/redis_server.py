@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -26,11 +27,24 @@ from tests.servers import free_port
 class RedisServer:
     url: str
     process: subprocess.Popen[bytes] | None = None
+    command: list[str] | None = None  # how to start it again on the same port
+    container: Any = None  # testcontainers' container, when Docker runs it
 
     def stop(self) -> None:
+        """Kill it (SIGKILL: no goodbye to clients); with Docker, freeze it."""
         if self.process is not None:
             self.process.kill()
             self.process.wait(10)
+        elif self.container is not None:
+            self.container.get_wrapped_container().pause()
+
+    def restart(self) -> None:
+        """Up again on the same address, empty (it keeps nothing on disk)."""
+        if self.command is not None:
+            self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL)
+        elif self.container is not None:
+            self.container.get_wrapped_container().unpause()
+        _wait_until_up(self.url)
 
 
 def _docker_answers() -> bool:
@@ -57,11 +71,19 @@ def _local_redis() -> Iterator[RedisServer]:
         raise RuntimeError("redis-server is not installed; run scripts/install")
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
-        process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", workdir],
-            stdout=subprocess.DEVNULL,
-        )
-        server = RedisServer(f"redis://127.0.0.1:{port}/0", process)
+        command = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            workdir,
+        ]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        server = RedisServer(f"redis://127.0.0.1:{port}/0", process, command)
         try:
             _wait_until_up(server.url)
             yield server
@@ -93,7 +115,7 @@ def running_redis() -> Iterator[RedisServer]:
         with RedisContainer("redis:7-alpine") as container:
             host = container.get_container_host_ip()
             port = container.get_exposed_port(6379)
-            yield RedisServer(f"redis://{host}:{port}/0")
+            yield RedisServer(f"redis://{host}:{port}/0", container=container)
     else:
         with _local_redis() as server:
             yield server

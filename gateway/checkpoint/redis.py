@@ -153,4 +153,7 @@ class RedisStore:
         await self._redis.set(_keys(run_id)[4], b"1", px=int(ttl * 1000))
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.aclose()
+        else:  # a pool passed in is not closed by default
+            await self._redis.aclose(close_connection_pool=True)

@@ -59,6 +59,7 @@ class CheckpointWriter:
         self._owned: dict[str, Checkpointed] = {}  # runs whose lease this writer renews
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self.healthy = True
 
     async def owner_key(self) -> bytes:
@@ -81,13 +82,15 @@ class CheckpointWriter:
 
     async def _loop(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._closing:
             try:
                 async with asyncio.timeout(self._heartbeat):
                     await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
+            if self._closing:
+                return
             if await self.write_due():
                 backoff = 0.1
             else:
@@ -134,11 +137,11 @@ class CheckpointWriter:
     async def aclose(self) -> None:
         """Stop the loop and make one last attempt at what is due."""
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            # A flag, not Task.cancel(): a cancellation that lands inside the heartbeat
+            # timeout can be taken for the timeout and swallowed.
+            self._closing = True
+            self._wake.set()
+            await self._task
             self._task = None
         if self._due:
             await self.write_due()
