@@ -119,6 +119,11 @@ class LocalRun:
         run.on_interrupted = self.checkpoint
         self.task = asyncio.get_running_loop().create_task(self._produce(resume))
 
+    @property
+    def durable_events(self) -> int:
+        """Events the store has confirmed: a client may hold more (the crash window)."""
+        return self._flushed_seq
+
     def owned_by(self, credential: str | None) -> bool:
         return hmac.compare_digest((self.credential or "").encode(), (credential or "").encode())
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -41,7 +41,7 @@ class RunRecord:
     created: float  # unix time
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson encodes dataclasses natively, fast
 
     @classmethod
     def decode(cls, raw: bytes) -> RunRecord:
@@ -71,7 +71,7 @@ class RunState:
     updated: float = 0.0  # unix time
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson encodes dataclasses natively, fast
 
     @classmethod
     def decode(cls, raw: bytes) -> RunState:
