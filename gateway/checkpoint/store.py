@@ -65,6 +65,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
         self._key = secrets.token_bytes(32)
+        self._written = asyncio.Event()  # any write: for readers of a run not stored yet
 
     def _get(self, run_id: str) -> _Run | None:
         run = self._runs.get(run_id)
@@ -103,6 +104,8 @@ class MemoryStore:
             run.changed.set()
             run.changed = asyncio.Event()
             watched.append(run.watch_expires > now)
+        self._written.set()
+        self._written = asyncio.Event()
         # Lazily forget expired runs so a long-lived process does not grow.
         for run_id in [k for k, r in self._runs.items() if r.expires <= now]:
             del self._runs[run_id]
@@ -119,15 +122,19 @@ class MemoryStore:
     async def read_events(
         self, run_id: str, after: int, block: float = 0
     ) -> list[tuple[int, bytes]]:
-        run = self._get(run_id)
-        if run is None:
-            return []
-        if len(run.events) <= after and block > 0:
+        deadline = time.monotonic() + block
+        while True:
+            run = self._get(run_id)
+            if run is not None and len(run.events) > after:
+                return [(seq, event) for seq, event in enumerate(run.events, 1) if seq > after]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            changed = self._written if run is None else run.changed
             try:
-                await asyncio.wait_for(run.changed.wait(), block)
+                await asyncio.wait_for(changed.wait(), remaining)
             except TimeoutError:
                 return []
-        return [(seq, event) for seq, event in enumerate(run.events, 1) if seq > after]
 
     async def lease_holder(self, run_id: str) -> str | None:
         run = self._get(run_id)
