@@ -102,10 +102,12 @@ class Runs:
 
     def ended(self, local: LocalRun) -> None:
         local.checkpoint()  # the last one: final status, lease released
-        if local.status == "detached":
-            self.local.pop(local.id, None)  # resumed from its checkpoint, if at all
+        if self.store is not None or local.status == "detached":
+            # The store serves late resumers (a replay, or a takeover if detached);
+            # keeping the log here too would hold every answer twice for completed_ttl.
+            self.local.pop(local.id, None)
             return
-        # A client that dropped just before the end can still fetch it from here.
+        # No store: a client that dropped just before the end can still fetch it here.
         loop = asyncio.get_running_loop()
         loop.call_later(self.config.completed_ttl, self.local.pop, local.id, None)
 

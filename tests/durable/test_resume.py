@@ -247,3 +247,23 @@ def test_a_stopped_run_with_complete_tool_calls_ends_without_an_upstream_call(
     calls = received.calls()
     assert 1 <= len(calls) < len(expected)
     assert calls == expected[: len(calls)]
+
+
+def test_without_a_store_live_runs_still_resume_and_stopped_ones_are_gone(
+    chaos: ChaosUpstream,
+) -> None:
+    config = gateway_config(chaos.base_url, state={"store": "off", "detach_grace": 0.3})
+    with (
+        running_gateway(config) as gateway,
+        OpenAI(base_url=gateway.base_url, api_key="k", max_retries=0) as sdk,
+    ):
+        model = PACED.format(seed=8)
+        received = Received()
+        run_id = start(sdk, model, 6, received)
+        assert resume(sdk, model, run_id, received).text == expected_answer(model).text
+        stopped = start(sdk, PACED.format(seed=9), 3, Received())
+        wait_for(lambda: sample(gateway, "gateway_detached_runs_cancelled_total") == 1)
+        response = httpx.get(
+            f"{gateway.base_url}/runs/{stopped}/events", headers={"authorization": "Bearer k"}
+        )
+        assert response.status_code == 404
