@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from gateway.checkpoint.model import (
     RunRecord,
     RunState,
     Status,
+    is_terminal,
     owner_hash,
     split_events,
 )
@@ -36,6 +38,14 @@ from gateway.run import ChatRun
 
 if TYPE_CHECKING:
     from gateway.resume import Runs
+
+
+_FINISH = re.compile(rb'"finish_reason":\s*"')
+
+
+def ends(event: bytes) -> bool:
+    """An event that ends the answer: a finish_reason, ``[DONE]`` or an error."""
+    return is_terminal(event) or _FINISH.search(event) is not None
 
 
 class RunLog:
@@ -68,13 +78,26 @@ class RunLog:
     async def follow(self, after: int, *, ids: bool) -> AsyncIterator[bytes]:
         """Events numbered above ``after``, then the live rest, until the log closes.
 
-        Events that piled up while the client was slow go out in one write.
+        Events that piled up while the client was slow go out in one write. A
+        client ahead of the log (it holds events a dead replica sent and never
+        checkpointed) skips as many regenerated events, except those that end
+        the answer (a finish_reason, ``[DONE]``, an error): it needs them whatever
+        it holds, and cannot have had them, or it would not have resumed.
         """
-        seq = after
+        seq = min(after, len(self.events))
         loop = asyncio.get_running_loop()
         while True:
             events = self.events
-            if seq < len(events):
+            if seq < after and seq < len(events):
+                last = min(after, len(events))
+                ending = [(n, e) for n, e in enumerate(events[seq:last], seq + 1) if ends(e)]
+                if ending:
+                    if ids:
+                        yield b"".join(b"id: %d\n%s" % (n, e) for n, e in ending)
+                    else:
+                        yield b"".join(e for _, e in ending)
+                seq = last
+            elif seq < len(events):
                 batch = events[seq:]
                 if ids:
                     yield b"".join(b"id: %d\n%s" % (n, e) for n, e in enumerate(batch, seq + 1))

@@ -222,6 +222,9 @@ class Runs:
             splice_leg=state.splice_leg,
             in_flight=[call.name or "unnamed tool" for call in state.in_flight],
         )
+        # A client ahead of the checkpoint skips regenerated events by count: no
+        # seam trimmer may merge two of them (README, "Crash resume").
+        run.trim_next_seam = after <= len(checkpoint.events)
         cause = Cause.DETACHED if state.status == "detached" else Cause.REPLICA_LOST
         logger.info(
             "takeover run=%s cause=%s events=%d text_chars=%d client_has=%d",

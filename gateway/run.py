@@ -104,6 +104,7 @@ class ChatRun:
         self._first_event_deadline = 0.0
         self._last_delay = 0.0
         self.last_cause: Cause | None = None
+        self.trim_next_seam = True  # False for a takeover whose client is ahead
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
         self.on_interrupted: Callable[[], None] | None = None
 
@@ -320,7 +321,8 @@ class ChatRun:
             except (GatewayError, UpstreamHTTPError) as exc:
                 self._count_recoveries("failed")
                 raise self._final(failure, exc) from None
-            self.splicer.begin_leg(plan)
+            self.splicer.begin_leg(plan, trim=self.trim_next_seam)
+            self.trim_next_seam = True
             failure = None
 
     def _final(self, failure: StreamInterrupted, later: Exception | None = None) -> GatewayError:

@@ -140,14 +140,19 @@ class Splicer:
         in_flight = bool(self._held or self._dropped)
         return Sent(self.sent.text_chars, len(self.sent.tool_calls), in_flight)
 
-    def begin_leg(self, plan: Plan) -> None:
-        """A new upstream response replaces the broken one."""
+    def begin_leg(self, plan: Plan, *, trim: bool = True) -> None:
+        """A new upstream response replaces the broken one.
+
+        ``trim=False``: no seam trimmer, so each continuation delta becomes one client
+        event — a takeover whose client is ahead of the checkpoint skips new events
+        by count, which only lines up if none is held and merged at the seam.
+        """
         self.leg += 1
         if self.seam is not None:
             self._trimmed_earlier += self.seam.trimmed
         self._held.clear()  # never sent: the new leg may emit those calls again, whole
         self._dropped = []
-        if plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
+        if trim and plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
             self.seam = SeamTrimmer(self.sent.text)
         else:
             self.seam = None

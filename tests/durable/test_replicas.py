@@ -1,0 +1,490 @@
+"""Resuming across replicas: real gateway processes (the CLI) sharing one real Redis.
+
+A client starts a stream on replica A and comes back on another replica, either
+while A still relays the run (a live tail through the Redis Stream) or after A
+was killed with SIGKILL (a takeover from the checkpoint, continuing the
+upstream). Whatever the timing, the client's assembled answer must be the
+uninterrupted one, and exactly one replica may continue the upstream.
+
+To kill A at a chosen point relative to its checkpoints, A is first frozen
+(SIGSTOP: it neither sends nor checkpoints any more), the checkpoint is read
+from Redis, then A is killed (SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+import redis
+from openai import OpenAI, Stream
+from openai.types.chat import ChatCompletionChunk
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.chaos import ChaosUpstream, RecordedRequest, expected_answer
+from tests.api.streams import MESSAGES, Received, receive
+from tests.redis_server import RedisServer, running_redis
+from tests.servers import free_port
+
+BIN = Path(sys.executable).with_name("resumable-gateway")
+CREDENTIAL = "sk-owner"
+AUTH = {"authorization": f"Bearer {CREDENTIAL}"}
+CONFIG = """
+upstreams:
+  - name: chaos
+    base_url: {chaos}
+    timeouts: {{connect: 2, first_byte: 5, idle: 2}}
+routes:
+  - match: "*"
+    upstream: chaos
+    retry: {{retries: 2, backoff_initial: 0, backoff_max: 0, idle_retry_delay: 0}}
+state:
+  redis_url: {redis}
+  checkpoint_every: 4
+  lease_ttl: 1
+  detach_grace: 30
+"""
+DEADLINE = 15.0  # seconds any single wait in these tests may take
+
+
+# -- processes ------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    name: str
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def freeze(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def kill(self) -> None:
+        """SIGKILL: no last checkpoint, no goodbye to its clients, its lease left to expire."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def resumes(self) -> dict[tuple[str, str], float]:
+        """``gateway_resumes_total`` by (kind, outcome)."""
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return {
+            (s.labels["kind"], s.labels["outcome"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "gateway_resumes_total"
+        }
+
+    def resumed(self, kind: str) -> float:
+        return self.resumes().get((kind, "ok"), 0.0)
+
+
+@dataclass
+class Replicas:
+    config: Path
+    directory: Path
+    started: list[Replica] = field(default_factory=list)
+
+    def start(self, *names: str) -> list[Replica]:
+        """Start one gateway process per name, in parallel; return them once all are ready."""
+        replicas = []
+        for name in names:
+            port = free_port()
+            log = self.directory / f"gateway-{name}.log"
+            with log.open("wb") as stderr:
+                process = subprocess.Popen(
+                    [str(BIN), "serve", "--config", str(self.config), "--port", str(port)]
+                    + ["--log-level", "warning"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                )
+            replica = Replica(name, f"http://127.0.0.1:{port}", process, log)
+            self.started.append(replica)
+            replicas.append(replica)
+        for replica in replicas:
+            wait_until(functools.partial(ready, replica), f"gateway {replica.name} ready")
+        return replicas
+
+    def stop_all(self) -> None:
+        for replica in self.started:
+            process = replica.process
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)  # a frozen one could not terminate
+                process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+            output = replica.log.read_text(errors="replace")
+            if output.strip():
+                print(f"--- gateway {replica.name} (exit {process.returncode}) ---\n{output}")
+
+
+def ready(replica: Replica) -> bool:
+    if replica.process.poll() is not None:
+        output = replica.log.read_text(errors="replace")
+        raise RuntimeError(f"gateway {replica.name} exited: {output}")
+    try:
+        return httpx.get(replica.url + "/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(CONFIG.format(chaos=chaos.base_url, redis=redis_server.url))
+    chaos.requests.clear()
+    running = Replicas(config, tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop_all()
+
+
+# -- clients and inspection -------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sdk(replica: Replica) -> Iterator[OpenAI]:
+    with OpenAI(
+        base_url=replica.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE
+    ) as client:
+        yield client
+
+
+def start(
+    client: OpenAI, model: str, into: Received, chunks: int
+) -> tuple[str, Stream[ChatCompletionChunk]]:
+    """Start a stream and read ``chunks`` chunks into ``into``; the run id and the open stream."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=MESSAGES, stream=True
+    )
+    stream = raw.parse()
+    for chunk in stream:
+        into.feed(chunk)
+        if into.chunks == chunks:
+            return raw.headers["x-run-id"], stream
+    stream.close()
+    raise AssertionError("the run ended before the client disconnected")
+
+
+def resume(client: OpenAI, model: str, run_id: str, into: Received) -> Received:
+    """The SDK way: the same call again, saying which run and how many chunks it has."""
+    headers = {"x-run-id": run_id, "x-resume-from": str(into.chunks)}
+    with client.chat.completions.create(
+        model=model, messages=MESSAGES, stream=True, extra_headers=headers
+    ) as stream:
+        return receive(stream, into)
+
+
+def drain(stream: Stream[ChatCompletionChunk], into: Received) -> None:
+    """What a client still reads from a replica that died: what it had sent, then an error."""
+    with contextlib.suppress(httpx.HTTPError, openai.APIError), stream:
+        for chunk in stream:
+            into.feed(chunk)
+
+
+def state(store: redis.Redis, run_id: str) -> dict[str, Any]:
+    raw = store.get(f"rg:{{{run_id}}}:state")
+    assert raw is not None, f"run {run_id} has no checkpoint"
+    checkpoint: dict[str, Any] = orjson.loads(raw)
+    return checkpoint
+
+
+def lease_held(store: redis.Redis, run_id: str) -> bool:
+    return bool(store.exists(f"rg:{{{run_id}}}:lease"))
+
+
+def requests_for(chaos: ChaosUpstream, model: str) -> list[RecordedRequest]:
+    return [
+        r for r in list(chaos.requests) if isinstance(r.body, dict) and r.body["model"] == model
+    ]
+
+
+def continued_prefix(request: RecordedRequest) -> str:
+    """The text a continuation request asks the upstream to continue."""
+    assistant = [m for m in request.body["messages"] if m["role"] == "assistant"]
+    assert len(assistant) == 1, request.body
+    prefix: str = assistant[0]["content"]
+    return prefix
+
+
+def assert_whole_text_answer(received: Received, model: str) -> None:
+    answer = expected_answer(model)
+    assert received.text == answer.text  # nothing lost, nothing repeated
+    assert received.roles == ["assistant"]
+    assert received.finish_reasons == [answer.finish_reason]
+    assert len(received.ids) == 1  # one completion identity across every connection
+
+
+# -- live tail ------------------------------------------------------------------------
+
+
+def test_sdk_resume_on_another_replica_tails_the_live_run(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+) -> None:
+    model = "chaos:text=100,seed=11,pace_ms=20"
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with sdk(a) as client_a:
+        run_id, stream = start(client_a, model, received, 12)
+        stream.close()  # the client goes away; A relays on
+    assert state(store, run_id)["status"] == "running"
+    assert lease_held(store, run_id)
+    with sdk(b) as client_b:
+        resume(client_b, model, run_id, received)
+    assert_whole_text_answer(received, model)
+    # B followed A through Redis: it neither took the run over nor asked the upstream.
+    assert b.resumes() == {("tail", "ok"): 1.0}
+    assert a.process.poll() is None
+    assert len(requests_for(chaos, model)) == 1
+    wait_until(lambda: state(store, run_id)["status"] == "done", "A completes the run")
+
+
+def test_event_source_resume_on_another_replica_tails_with_consecutive_ids(
+    replicas: Replicas, chaos: ChaosUpstream
+) -> None:
+    model = "chaos:text=80,seed=12,pace_ms=20"
+    a, b = replicas.start("A", "B")
+    body = {"model": model, "messages": MESSAGES, "stream": True}
+    before: list[bytes] = []
+    with (
+        httpx.Client(timeout=DEADLINE) as http,
+        http.stream("POST", a.base_url + "/chat/completions", json=body, headers=AUTH) as first,
+    ):
+        run_id = first.headers["x-run-id"]
+        buffer = b""
+        for data in first.iter_raw():
+            buffer += data
+            *complete, buffer = buffer.split(b"\n\n")
+            before += complete
+            if len(before) >= 9:
+                break
+    events: list[tuple[int, bytes]] = []
+    url = f"{b.base_url}/runs/{run_id}/events"
+    last_event_id = {"last-event-id": str(len(before))}
+    with (
+        httpx.Client(timeout=DEADLINE) as http,
+        http.stream("GET", url, headers=AUTH | last_event_id) as rest,
+    ):
+        assert rest.status_code == 200
+        number = None
+        for line in rest.iter_lines():
+            if line.startswith("id: "):
+                number = int(line[4:])
+            elif line.startswith("data: "):
+                assert number is not None, "an event without an id"
+                events.append((number, line[6:].encode()))
+                number = None
+    assert [n for n, _ in events] == list(range(len(before) + 1, len(before) + 1 + len(events)))
+    assert events[-1][1] == b"[DONE]"
+    payloads = [e.removeprefix(b"data: ") for e in before] + [d for _, d in events[:-1]]
+    chunks = [orjson.loads(p) for p in payloads]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == expected_answer(model).text
+    assert b.resumes() == {("tail", "ok"): 1.0}
+    assert len(requests_for(chaos, model)) == 1
+
+
+# -- crash resume ---------------------------------------------------------------------
+
+
+def kill_behind(a: Replica, store: redis.Redis, run_id: str, received: Received) -> int:
+    """Kill A once its checkpoint is well past what the client has; the checkpoint's seq."""
+    wait_until(lambda: state(store, run_id)["seq"] >= received.chunks + 8, "A checkpoints ahead")
+    a.freeze()
+    seq: int = state(store, run_id)["seq"]
+    a.kill()
+    return seq
+
+
+def kill_ahead(
+    a: Replica,
+    store: redis.Redis,
+    run_id: str,
+    stream: Stream[ChatCompletionChunk],
+    received: Received,
+) -> int:
+    """Kill A while the client has events A did not checkpoint yet; the checkpoint's seq."""
+    deadline = time.monotonic() + DEADLINE
+    for chunk in stream:
+        received.feed(chunk)
+        if state(store, run_id)["seq"] < received.chunks:
+            a.freeze()
+            seq: int = state(store, run_id)["seq"]
+            if seq < received.chunks:
+                a.kill()
+                return seq
+            a.process.send_signal(signal.SIGCONT)
+        assert time.monotonic() < deadline
+    raise AssertionError("the client was never ahead of A's checkpoint")
+
+
+@pytest.mark.parametrize("client", ["behind_checkpoint", "ahead_of_checkpoint"])
+def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis, client: str
+) -> None:
+    # Seed 68: no checkpoint this test can produce ends right before a seam the trimmer
+    # holds; the test below covers that case on purpose.
+    model = "chaos:text=80,seed=68,pace_ms=25"
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with sdk(a) as client_a:
+        run_id, stream = start(client_a, model, received, 8)
+        if client == "behind_checkpoint":
+            seq = kill_behind(a, store, run_id, received)
+            stream.close()
+            assert received.chunks < seq
+        else:
+            seq = kill_ahead(a, store, run_id, stream, received)
+            drain(stream, received)  # events A wrote to the socket before it died
+            assert received.chunks > seq  # the crash window: the client is ahead
+    assert received.finish_reasons == [], "A finished before it was killed"
+    with sdk(b) as client_b:
+        resume(client_b, model, run_id, received)
+    assert_whole_text_answer(received, model)
+    assert b.resumed("takeover") == 1
+    # One continuation, from exactly the text A had checkpointed.
+    original, continuation = requests_for(chaos, model)
+    prefix = continued_prefix(continuation)
+    assert prefix and expected_answer(model).text.startswith(prefix)
+    assert state(store, run_id)["status"] == "done"
+    assert not lease_held(store, run_id)
+
+
+def test_takeover_while_the_client_is_ahead_of_a_held_seam_loses_nothing(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+) -> None:
+    model = "chaos:text=40,seed=30,pace_ms=25"
+    # Its 5th text delta, " señor", also ends its 2nd: a continuation after 4 deltas
+    # starts with text the trimmer holds, then releases with the 6th delta, merged.
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with sdk(a) as client_a:
+        run_id, stream = start(client_a, model, received, 6)
+        seq = kill_ahead(a, store, run_id, stream, received)
+        drain(stream, received)
+    if seq != 5:  # role + 4 text deltas
+        pytest.skip(f"A checkpointed {seq} events, not 5: the seam is elsewhere")
+    assert received.chunks > seq
+    with sdk(b) as client_b:
+        resume(client_b, model, run_id, received)
+    assert_whole_text_answer(received, model)
+
+
+def test_takeover_of_a_checkpoint_with_completed_tool_calls_finishes_without_the_upstream(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+) -> None:
+    model = "chaos:text=10,tools=3,arg_deltas=12,seed=3,pace_ms=40"
+    answer = expected_answer(model)
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with sdk(a) as client_a:
+        run_id, stream = start(client_a, model, received, 1)
+        for chunk in stream:
+            received.feed(chunk)
+            if received.tool_calls:
+                break
+        wait_until(lambda: state(store, run_id)["tool_calls"] >= 1, "a checkpoint with a call")
+        a.freeze()
+        checkpoint = state(store, run_id)
+        a.kill()
+        stream.close()
+    assert checkpoint["status"] == "running"
+    assert checkpoint["seq"] >= received.chunks
+    completed = checkpoint["tool_calls"]
+    assert 1 <= completed < len(answer.tool_calls)
+    with sdk(b) as client_b:
+        resume(client_b, model, run_id, received)
+    assert received.text == answer.text
+    assert received.finish_reasons == ["tool_calls"]
+    expected_calls = [(c.id, c.name, c.arguments) for c in answer.tool_calls[:completed]]
+    assert received.calls() == expected_calls  # the completed calls, and only those
+    assert b.resumed("takeover") == 1
+    assert len(requests_for(chaos, model)) == 1  # no continuation was requested
+    assert state(store, run_id)["status"] == "done"
+
+
+# -- exactly one takeover ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lease", ["held", "expired"])
+def test_concurrent_resumes_after_the_owner_died_continue_the_upstream_once(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis, lease: str
+) -> None:
+    model = "chaos:text=80,seed=114,pace_ms=25"  # no held seam early on, as seed 68 above
+    a, b, c = replicas.start("A", "B", "C")
+    received = Received()
+    with sdk(a) as client_a:
+        run_id, stream = start(client_a, model, received, 10)
+        a.kill()
+        stream.close()
+    if lease == "held":
+        # The resumers find the dead owner's lease and tail until it expires; then
+        # every one of them tries to claim it.
+        assert lease_held(store, run_id)
+    else:
+        wait_until(lambda: not lease_held(store, run_id), "A's lease expires")
+    resumers = [b, c] * 3
+    barrier = threading.Barrier(len(resumers))
+
+    def resume_on(replica: Replica) -> Received:
+        mine = copy.deepcopy(received)
+        with sdk(replica) as client:
+            barrier.wait(DEADLINE)
+            return resume(client, model, run_id, mine)
+
+    with ThreadPoolExecutor(len(resumers)) as pool:
+        results = list(pool.map(resume_on, resumers))
+    for result in results:
+        assert_whole_text_answer(result, model)
+    counts = [b.resumes(), c.resumes()]
+    assert sum(count.get(("takeover", "ok"), 0.0) for count in counts) == 1
+    original, continuation = requests_for(chaos, model)  # exactly one continuation
+    assert expected_answer(model).text.startswith(continued_prefix(continuation))
+    assert state(store, run_id)["status"] == "done"
