@@ -151,6 +151,11 @@ class State(_Model):
             raise ValueError(f"expected a URL starting with one of {', '.join(REDIS_SCHEMES)}")
         return value
 
+    @field_validator("store", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare off as false
+
     @model_validator(mode="after")
     def _redis_needs_url(self) -> State:
         if self.store == "redis" and self.redis_url is None:

@@ -143,3 +143,5 @@ def test_state_config_is_validated() -> None:
     config = parse_config({"upstreams": upstreams, "state": {"redis_url": "redis://r:6379"}})
     assert config.state.backend == "redis"
     assert parse_config({"upstreams": upstreams}).state.backend == "memory"
+    # A bare `store: off` in YAML arrives as False.
+    assert parse_config({"upstreams": upstreams, "state": {"store": False}}).state.backend == "off"
