@@ -151,7 +151,7 @@ class Runs:
                 )
                 if taken is not None:
                     return taken
-        except (GatewayError, asyncio.CancelledError):
+        except GatewayError:
             raise
         except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
             self._count("store", "error")
