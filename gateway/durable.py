@@ -18,7 +18,7 @@ import asyncio
 import hmac
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from gateway.checkpoint.model import (
@@ -46,6 +46,13 @@ _FINISH = re.compile(rb'"finish_reason":\s*"')
 def ends(event: bytes) -> bool:
     """An event that ends the answer: a finish_reason, ``[DONE]`` or an error."""
     return is_terminal(event) or _FINISH.search(event) is not None
+
+
+def render(numbered: Iterable[tuple[int, bytes]], *, ids: bool) -> bytes:
+    """Numbered events as one write; with ``id: N`` lines when the client asked for ids."""
+    if ids:
+        return b"".join(b"id: %d\n%s" % (n, event) for n, event in numbered)
+    return b"".join(event for _, event in numbered)
 
 
 class RunLog:
@@ -92,17 +99,14 @@ class RunLog:
                 last = min(after, len(events))
                 ending = [(n, e) for n, e in enumerate(events[seq:last], seq + 1) if ends(e)]
                 if ending:
-                    if ids:
-                        yield b"".join(b"id: %d\n%s" % (n, e) for n, e in ending)
-                    else:
-                        yield b"".join(e for _, e in ending)
+                    yield render(ending, ids=ids)
                 seq = last
             elif seq < len(events):
                 batch = events[seq:]
-                if ids:
-                    yield b"".join(b"id: %d\n%s" % (n, e) for n, e in enumerate(batch, seq + 1))
+                if ids or len(batch) > 1:
+                    yield render(enumerate(batch, seq + 1), ids=ids)
                 else:
-                    yield batch[0] if len(batch) == 1 else b"".join(batch)
+                    yield batch[0]  # the live case: one event, no copy
                 seq += len(batch)
             elif self.closed:
                 return

@@ -33,7 +33,7 @@ from gateway.checkpoint.model import Checkpoint, is_terminal, owner_hash
 from gateway.checkpoint.store import CheckpointStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.config import State
-from gateway.durable import LocalRun, RunLog
+from gateway.durable import LocalRun, RunLog, render
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, sse_error_event
 from gateway.metrics import Metrics
 from gateway.recovery.classify import Cause
@@ -183,11 +183,7 @@ class Runs:
 
     @staticmethod
     async def _replay(checkpoint: Checkpoint, after: int, ids: bool) -> AsyncIterator[bytes]:
-        rest = checkpoint.events[after:]
-        if ids:
-            yield b"".join(b"id: %d\n%s" % (n, e) for n, e in enumerate(rest, after + 1))
-        else:
-            yield b"".join(rest)
+        yield render(enumerate(checkpoint.events[after:], after + 1), ids=ids)
 
     async def _take_over(
         self,
@@ -259,10 +255,7 @@ class Runs:
                 watched_until = loop.time() + block
             entries = await store.read_events(run_id, seq, block)
             if entries:
-                if ids:
-                    yield b"".join(b"id: %d\n%s" % (n, e) for n, e in entries)
-                else:
-                    yield b"".join(e for _, e in entries)
+                yield render(entries, ids=ids)
                 seq = entries[-1][0]
                 if is_terminal(entries[-1][1]):
                     return

@@ -2,7 +2,7 @@
 
 A run only *marks* itself due (a dict insert and an event set, no I/O). One task
 per process takes every due run, asks each for what changed since its last
-checkpoint, and sends them all to the store in one pipelined round trip. Marks
+checkpoint, and sends them all to the store in one round trip. Marks
 that arrive while a write is in flight coalesce: the next write carries the
 newest state of each run, once. A slow store delays checkpoints, never chunks.
 
@@ -30,7 +30,7 @@ logger = logging.getLogger("gateway.checkpoint")
 
 
 class Checkpointed(Protocol):
-    """A run the writer checkpoints (``gateway.runs.LocalRun``)."""
+    """A run the writer checkpoints (``gateway.durable.LocalRun``)."""
 
     id: str
     last_write: float  # loop time of the last committed write
