@@ -43,6 +43,17 @@ class _Model(BaseModel):
 class Listen(_Model):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    # On SIGTERM: stop accepting, give running streams this long to finish, then
+    # checkpoint the rest and end their client streams with a resumable error.
+    drain_timeout: float = Field(default=25.0, ge=0)
+
+
+class Logging(_Model):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # auto: plain text when stderr is a terminal, else one JSON object per line.
+    format: Literal["auto", "json", "text"] = "auto"
+    # Prompts and completions in the request log lines (never keys). Debugging only.
+    content: bool = False
 
 
 class Timeouts(_Model):
@@ -176,6 +187,7 @@ class GatewayConfig(_Model):
     auth: Auth = Auth()
     limits: Limits = Limits()
     state: State = State()
+    logging: Logging = Logging()
 
     @model_validator(mode="after")
     def _check_references(self) -> GatewayConfig:
@@ -324,5 +336,10 @@ def describe(config: GatewayConfig) -> str:
     lines.append(
         f"state: {where[state.backend]}  checkpoint_every={state.checkpoint_every}  "
         f"detach_grace={state.detach_grace:g}s  lease_ttl={state.lease_ttl:g}s"
+    )
+    log = config.logging
+    lines.append(
+        f"logging: {log.level} {log.format}{'  content=ON' if log.content else ''}  "
+        f"drain_timeout={config.listen.drain_timeout:g}s"
     )
     return "\n".join(lines)

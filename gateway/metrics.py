@@ -1,11 +1,21 @@
-"""Prometheus metrics. Labels stay low-cardinality: route patterns, upstream names,
+"""Prometheus metrics. Labels stay low-cardinality: route names, upstream names,
 causes and statuses; never a run id, a model requested by a client, a prompt or a key.
+
+With several worker processes (``serve --workers N``) every process writes its
+values to files in ``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics`` sums them, so a
+scrape that lands on any worker sees the whole replica (prometheus-client's
+multiprocess mode; the CLI creates and wipes the directory at start).
 """
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # LLM latencies span from tens of milliseconds (cached, small models) to a minute
 # (reasoning models before their first token).
@@ -22,12 +32,29 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "gateway_requests_total",
-            "Requests answered, by route pattern, method and HTTP status.",
+            "Requests answered, by route, method and HTTP status. route: the configured "
+            "route's match for chat completions; passthrough, runs, ops, or none otherwise.",
             ["route", "method", "status"],
             registry=r,
         )
         self.active_streams = Gauge(
-            "gateway_active_streams", "Client streams currently open.", registry=r
+            "gateway_active_streams",
+            "Streaming runs currently relayed.",
+            registry=r,
+            multiprocess_mode="livesum",  # a dead worker's streams are not open any more
+        )
+        self.ready = Gauge(
+            "gateway_ready",
+            "1 when this replica would answer /readyz with 200 (set at each probe and scrape).",
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.ttfb = Histogram(
+            "gateway_time_to_first_byte_seconds",
+            "From request received to the first byte of the response body sent to the client.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.ttft = Histogram(
             "gateway_time_to_first_token_seconds",
@@ -66,6 +93,18 @@ class Metrics:
             "Characters a continuation repeated at the seam, trimmed before the client.",
             registry=r,
         )
+        self.tokens = Counter(
+            "gateway_tokens_total",
+            "Tokens upstreams reported in usage, by kind (prompt, completion) and leg.",
+            ["kind", "leg"],
+            registry=r,
+        )
+        self.relayed_bytes = Counter(
+            "gateway_relayed_bytes_total",
+            "Response body bytes sent to clients, by route.",
+            ["route"],
+            registry=r,
+        )
         self.malformed_events = Counter(
             "gateway_upstream_malformed_events_total",
             "Upstream SSE events that were not JSON objects (skipped).",
@@ -98,4 +137,19 @@ class Metrics:
         )
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if multiprocess_dir() is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        # Every worker's values, summed; built per scrape, as prometheus-client advises.
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def process_exited() -> None:
+    """Drop this process's live gauges from the shared directory (multiprocess mode)."""
+    if multiprocess_dir() is not None:
+        mark_process_dead(os.getpid())
