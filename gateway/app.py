@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -21,7 +26,8 @@ from gateway.api.runs import run_events
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.context import Gateway
 from gateway.errors import GatewayError, error_body
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, process_exited
+from gateway.observe import Observer
 
 logger = logging.getLogger("gateway")
 
@@ -31,9 +37,6 @@ ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
-    if gateway is not None:
-        gateway.count("none", request.method, exc.status_code)
     return exc.response()
 
 
@@ -50,16 +53,47 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     return GatewayError("The gateway failed to handle the request.").response()
 
 
+def drain_on_sigterm(gateway: Gateway) -> Callable[[], None]:
+    """Chain a SIGTERM handler that starts the drain before uvicorn's own shutdown.
+
+    uvicorn stops accepting and waits for open connections; the drain makes sure
+    they end by ``listen.drain_timeout``. Returns a function that unchains it.
+    Signals are the main thread's: a server run in another thread (tests) has none.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(gateway.begin_drain)
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
+
+    return restore
+
+
 def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlette:
+    metrics = metrics if metrics is not None else Metrics()
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gateway = Gateway(config, metrics)
         app.state.gateway = gateway
         await gateway.start()
+        restore_sigterm = drain_on_sigterm(gateway)
         try:
             yield
         finally:
+            restore_sigterm()
             await gateway.aclose()
+            process_exited()
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -73,6 +107,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(Observer, metrics=metrics, content=config.logging.content)],
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,

@@ -32,9 +32,19 @@ class Gateway:
             router=self.router,
             upstreams=self.upstreams,
         )
+        self.draining = False
+        self._drain: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.runs.start()
+
+    def begin_drain(self) -> None:
+        """SIGTERM: report not ready, let streams finish up to the drain timeout, then
+        checkpoint the rest and end their clients' streams with a resumable error."""
+        if self._drain is None:
+            self.draining = True
+            timeout = self.config.listen.drain_timeout
+            self._drain = asyncio.get_running_loop().create_task(self.runs.drain(timeout))
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         return await read_json_object(request, self.config.limits.max_body_bytes)
@@ -42,11 +52,10 @@ class Gateway:
     async def read_body(self, request: Request) -> bytes:
         return await read_body(request, self.config.limits.max_body_bytes)
 
-    def count(self, route: str, method: str, status: int) -> None:
-        self.metrics.requests.labels(route, method, str(status)).inc()
-
     async def not_ready_reason(self) -> str | None:
         """Why this replica should not get traffic, or None when it is ready."""
+        if self.draining:
+            return "draining: the gateway is shutting down"
         if isinstance(self.store, RedisStore):
             try:
                 async with asyncio.timeout(1.0):
@@ -56,6 +65,8 @@ class Gateway:
         return None
 
     async def aclose(self) -> None:
+        if self._drain is not None:
+            await self._drain
         await self.runs.aclose()  # runs first: their last checkpoints need the store
         await self.upstreams.aclose()
 

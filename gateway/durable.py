@@ -143,6 +143,7 @@ class LocalRun:
         self._watched = False
         self._deltas = 0
         self._grace: asyncio.TimerHandle | None = None
+        self._stopped = False
         run.on_interrupted = self.checkpoint
         self.task = asyncio.get_running_loop().create_task(self._produce(resume))
 
@@ -193,10 +194,19 @@ class LocalRun:
         try:
             async for data in self.log.follow(after, ids=ids):
                 yield data
+            if self._stopped and self.status == "detached":
+                yield self._runs.shutdown_event(self.id)
         finally:
             self.clients -= 1
             if self.clients == 0:
                 self.start_grace()
+
+    def stop(self) -> None:
+        """The drain deadline: end the run here, after a last checkpoint another
+        replica can resume; its clients get an error event that says how."""
+        self._stopped = True
+        if not self.task.done():
+            self.task.cancel()
 
     def start_grace(self) -> None:
         """No client listens: cancel the run unless one attaches within the grace period."""

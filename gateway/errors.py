@@ -70,6 +70,10 @@ class ServiceUnavailable(GatewayError):
     code = "service_unavailable"
 
 
+class ShuttingDown(ServiceUnavailable):
+    code = "gateway_shutting_down"
+
+
 class PayloadTooLarge(GatewayError):
     status_code = 413
     error_type = "invalid_request_error"

@@ -141,7 +141,7 @@ class Metrics:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         # Every worker's values, summed; built per scrape, as prometheus-client advises.
         registry = CollectorRegistry()
-        MultiProcessCollector(registry)
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
@@ -152,4 +152,4 @@ def multiprocess_dir() -> str | None:
 def process_exited() -> None:
     """Drop this process's live gauges from the shared directory (multiprocess mode)."""
     if multiprocess_dir() is not None:
-        mark_process_dead(os.getpid())
+        mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]

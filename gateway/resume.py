@@ -34,7 +34,13 @@ from gateway.checkpoint.store import CheckpointStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.config import State
 from gateway.durable import LocalRun, RunLog, render
-from gateway.errors import GatewayError, NotFound, ServiceUnavailable, sse_error_event
+from gateway.errors import (
+    GatewayError,
+    NotFound,
+    ServiceUnavailable,
+    ShuttingDown,
+    sse_error_event,
+)
 from gateway.metrics import Metrics
 from gateway.recovery.classify import Cause
 from gateway.run import ChatRun
@@ -76,6 +82,7 @@ class Runs:
             else None
         )
         self.local: dict[str, LocalRun] = {}
+        self.stopping = False  # the drain deadline passed: runs end here
         self._router = router
         self._upstreams = upstreams
 
@@ -223,12 +230,14 @@ class Runs:
         run.trim_next_seam = after <= len(checkpoint.events)
         cause = Cause.DETACHED if state.status == "detached" else Cause.REPLICA_LOST
         logger.info(
-            "takeover run=%s cause=%s events=%d text_chars=%d client_has=%d",
-            run_id,
-            cause.value,
-            len(checkpoint.events),
-            state.text_chars,
-            after,
+            "takeover",
+            extra={
+                "run_id": run_id,
+                "cause": cause.value,
+                "events": len(checkpoint.events),
+                "sent_chars": state.text_chars,
+                "client_has": after,
+            },
         )
         local = self.adopt(
             run, credential, RunLog(checkpoint.events), created=record.created, resume=cause
@@ -250,6 +259,9 @@ class Runs:
         loop = asyncio.get_running_loop()
         watched_until = 0.0
         while True:
+            if self.stopping:
+                yield self.shutdown_event(run_id)
+                return
             if loop.time() >= watched_until:
                 await store.watch(run_id, 4 * block)
                 watched_until = loop.time() + block
@@ -273,6 +285,53 @@ class Runs:
                 async for data in taken:
                     yield data
                 return
+
+    # -- shutdown -------------------------------------------------------------------
+
+    async def drain(self, grace: float) -> None:
+        """Let running runs finish for up to ``grace`` seconds, then stop the rest.
+
+        Not ``asyncio.timeout``: what happens at the deadline is the point.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        running = self._running()
+        logger.info("draining", extra={"runs": len(running), "drain_timeout_s": grace})
+        while running and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(running, timeout=left)
+            running = self._running()  # and any a request already in flight started
+        self.stopping = True
+        if running:
+            logger.warning(
+                "drain timeout: stopping runs",
+                extra={"runs": len(running), "resumable": self._resumable_elsewhere},
+            )
+            for local in list(self.local.values()):
+                local.stop()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def _running(self) -> list[asyncio.Task[None]]:
+        return [local.task for local in self.local.values() if not local.task.done()]
+
+    @property
+    def _resumable_elsewhere(self) -> bool:
+        return self.store is not None and self.store.shared
+
+    def shutdown_event(self, run_id: str) -> bytes:
+        """What a client of a run stopped by the drain receives last."""
+        if self._resumable_elsewhere:
+            message = (
+                f"This gateway replica is shutting down; run {run_id} was checkpointed. "
+                f"Resume it on another replica: repeat the request with x-run-id: {run_id} "
+                f"and x-resume-from: <chunks received>, or GET /v1/runs/{run_id}/events "
+                "with Last-Event-ID."
+            )
+        else:
+            message = (
+                "The gateway is shutting down and could not finish this answer within its "
+                "drain timeout (listen.drain_timeout); the answer is incomplete."
+            )
+        return sse_error_event(ShuttingDown(message))
 
     async def aclose(self) -> None:
         """Stop relaying: each run gets a last checkpoint another replica can resume."""

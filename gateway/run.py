@@ -103,6 +103,11 @@ class ChatRun:
         self._response: httpx.Response | None = None
         self._first_event_deadline = 0.0
         self._last_delay = 0.0
+        self._restored_legs: frozenset[int] = frozenset()  # usage another replica counted
+        self.attempts = 0  # upstream requests made, over all legs
+        self.recoveries = 0  # recovery plans carried out
+        self.first_token_at: float | None = None  # perf_counter of the first content sent
+        self.outcome: str | None = None  # done, failed or detached, once it ended
         self.last_cause: Cause | None = None
         self.trim_next_seam = True  # False for a takeover whose client is ahead
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
@@ -126,6 +131,7 @@ class ChatRun:
     ) -> None:
         """Take over a run from a checkpoint: what the client was sent, and where it was."""
         self.accumulator = self.splicer.sent = accumulator
+        self._restored_legs = frozenset(accumulator.usage_by_leg)
         self.splicer.restore(splice_leg, in_flight)
         self._leg_index = min(leg, len(self.route.legs) - 1)
 
@@ -224,6 +230,7 @@ class ChatRun:
         self._last_delay = 0.0
 
     def _count_attempt(self, result: str) -> None:
+        self.attempts += 1
         leg = self.leg
         self._metrics.attempts.labels(leg.upstream.name, str(self._leg_index), result).inc()
 
@@ -246,28 +253,42 @@ class ChatRun:
         metrics, route = self._metrics, self.route.name
         metrics.active_streams.inc()
         failure = None if resume is None else self._interrupted(resume)
+        self.outcome = "failed"
         try:
             async for data in self._run(failure):
                 yield data
         except GatewayError as exc:
             yield sse_error_event(exc)
+        except asyncio.CancelledError:
+            self.outcome = "detached"
+            raise
         except Exception:
-            logger.exception("run %s failed", self.id)
+            logger.exception("run failed", extra={"run_id": self.id})
             yield sse_error_event(GatewayError("The gateway failed while relaying the answer."))
         finally:
             metrics.active_streams.dec()
             metrics.stream_duration.labels(route).observe(time.perf_counter() - self._started)
-            metrics.requests.labels(route, "POST", "200").inc()
+            self._count_tokens()
             await self.aclose()
 
     async def collect(self) -> dict[str, Any]:
         """Run to the end for a non-streaming client; return the assembled completion."""
+        self.outcome = "failed"
         try:
             async for _ in self._run():
                 pass
         finally:
+            self._count_tokens()
             await self.aclose()
         return self.accumulator.to_completion()
+
+    def _count_tokens(self) -> None:
+        for leg, usage in self.accumulator.usage_by_leg.items():
+            if leg not in self._restored_legs:
+                for kind in ("prompt", "completion"):
+                    tokens = usage.get(f"{kind}_tokens")
+                    if isinstance(tokens, int) and tokens > 0:
+                        self._metrics.tokens.labels(kind, str(leg)).inc(tokens)
 
     async def _run(self, failure: StreamInterrupted | None = None) -> AsyncIterator[bytes]:
         """Relay legs until the answer is complete; start by recovering from ``failure``."""
@@ -278,12 +299,14 @@ class ChatRun:
                     async for data in self._relay():
                         if awaiting_content and self.accumulator.text_chars:
                             awaiting_content = False
+                            self.first_token_at = time.perf_counter()
                             self._metrics.ttft.labels(self.route.name).observe(
-                                time.perf_counter() - self._started
+                                self.first_token_at - self._started
                             )
                         yield data
                     self._count_recoveries("recovered")
                     yield self.splicer.close()
+                    self.outcome = "done"
                     return
                 except StreamInterrupted as interrupted:
                     failure = interrupted
@@ -297,20 +320,24 @@ class ChatRun:
             if self.splicer.finished:  # broke after the answer was complete
                 self._count_recoveries("recovered")
                 yield self.splicer.close()
+                self.outcome = "done"
                 return
             plan = plan_recovery(self.splicer.snapshot())
             if plan is Plan.SYNTHESIZE_TOOL_USE:
                 self._log_recovery(failure, plan)
                 self._plans.append(plan)
+                self.recoveries += 1
                 self._count_recoveries("recovered")
                 yield self.splicer.synthesize_tool_use()
                 yield self.splicer.close()
+                self.outcome = "done"
                 return
             if failure.fatal:
                 self._count_recoveries("failed")
                 raise self._final(failure) from None
             self._plan = plan
             self._plans.append(plan)
+            self.recoveries += 1
             try:
                 if failure.cause is Cause.FIRST_BYTE_TIMEOUT:
                     self._next_leg(failure)
@@ -344,14 +371,17 @@ class ChatRun:
 
     def _log_recovery(self, failure: StreamInterrupted, plan: Plan) -> None:
         logger.info(
-            "recovery run=%s cause=%s plan=%s attempt=%d leg=%d upstream=%s delay=%.3f",
-            self.id,
-            failure.cause.value,
-            plan.value,
-            self._attempt,
-            self._leg_index,
-            self.leg.upstream.name,
-            self._last_delay,
+            "recovery",
+            extra={
+                "run_id": self.id,
+                "cause": failure.cause.value,
+                "plan": plan.value,
+                "attempt": self._attempt,
+                "leg": self._leg_index,
+                "upstream": self.leg.upstream.name,
+                "delay_s": round(self._last_delay, 3),
+                "sent_chars": self.accumulator.text_chars,
+            },
         )
 
     async def _relay(self) -> AsyncIterator[bytes]:

@@ -12,6 +12,7 @@ from gateway.api.passthrough import forward_json, upstream_error_response
 from gateway.api.runs import STREAM_HEADERS, resume_chat
 from gateway.context import gateway_of
 from gateway.errors import GatewayError
+from gateway.observe import request_log
 from gateway.run import ChatRun
 from gateway.upstream.client import UpstreamHTTPError
 
@@ -25,6 +26,8 @@ async def chat_completions(request: Request) -> Response:
         return await resume_chat(request, gateway, resumed)
     body = await gateway.read_json(request)
     route = gateway.router.resolve(body.get("model"))
+    log = request_log()
+    log.route = route.name
     if body.get("n") not in (None, 1):
         # Several choices: relayed as they are, without splicing (so without recovery).
         return await forward_json(request, gateway, route.legs[0], body, client_authorization)
@@ -37,6 +40,7 @@ async def chat_completions(request: Request) -> Response:
         metrics=gateway.metrics,
         started=started,
     )
+    log.run = run
     headers = {"x-run-id": run.id}
     try:
         await run.open()
@@ -51,12 +55,9 @@ async def chat_completions(request: Request) -> Response:
         completion = await run.collect()
     except UpstreamHTTPError as exc:
         # The upstream's own 4xx/5xx before any stream: passed through unchanged.
-        gateway.count(route.name, "POST", exc.status_code)
         return upstream_error_response(exc.status_code, exc.headers, exc.content, **headers)
     except GatewayError as exc:
-        gateway.count(route.name, "POST", exc.status_code)
         response = exc.response()
         response.headers.update(headers)
         return response
-    gateway.count(route.name, "POST", 200)
     return Response(orjson.dumps(completion), media_type="application/json", headers=headers)

@@ -70,7 +70,6 @@ async def relay(
     response = await gateway.upstreams.forward(
         leg.upstream, request.method, _upstream_path(request), headers, content
     )
-    gateway.count("passthrough", request.method, response.status_code)
     return StreamingResponse(
         _aiter_raw(response),
         status_code=response.status_code,

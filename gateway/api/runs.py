@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
+from gateway.observe import request_log
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -39,6 +40,9 @@ async def _resume(
     request: Request, gateway: Gateway, run_id: str, after: int, *, ids: bool
 ) -> AsyncIterator[bytes] | None:
     forward = gateway.auth.authorize(request)
+    log = request_log()
+    log.route, log.resumed_from = "runs", after
+    log.extra["run_id"] = run_id
     return await gateway.runs.resume(
         run_id,
         request.headers.get("authorization"),

@@ -127,6 +127,8 @@ def _entries(raw: list[Any], after: int) -> list[tuple[int, bytes]]:
 
 
 class RedisStore:
+    shared = True
+
     def __init__(self, url: str, pool_size: int = 64) -> None:
         self._redis = connect(url, pool_size)
         self._write_script = self._redis.register_script(WRITE_SCRIPT)

@@ -22,6 +22,10 @@ from gateway.checkpoint.model import Checkpoint, Flush, RunRecord, RunState, spl
 
 
 class CheckpointStore(Protocol):
+    # Other processes (replicas) read what this one writes: a run this one stops
+    # can be resumed elsewhere.
+    shared: bool
+
     async def ping(self) -> None:
         """Raise if the store cannot be reached."""
 
@@ -62,6 +66,8 @@ class _Run:
 
 
 class MemoryStore:
+    shared = False
+
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
         self._key = secrets.token_bytes(32)

@@ -299,6 +299,13 @@ def test_one_log_line_per_recovery(sdk: OpenAI, caplog: pytest.LogCaptureFixture
     model = "chaos:text=20,seed=44,fault=reset,at=5,times=1"
     with caplog.at_level(logging.INFO, logger="gateway.run"):
         stream_chat(sdk, model)
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("recovery ")]
-    assert "cause=reset plan=continue_text attempt=1 leg=0 upstream=chaos" in line
-    assert re.search(r"run=[0-9a-f]{32} ", line)
+    [line] = [vars(r) for r in caplog.records if r.getMessage() == "recovery"]
+    fields = {k: line[k] for k in ("cause", "plan", "attempt", "leg", "upstream")}
+    assert fields == {
+        "cause": "reset",
+        "plan": "continue_text",
+        "attempt": 1,
+        "leg": 0,
+        "upstream": "chaos",
+    }
+    assert re.fullmatch(r"[0-9a-f]{32}", line["run_id"])

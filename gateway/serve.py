@@ -1,0 +1,75 @@
+"""Running the gateway under uvicorn: workers, logging, metrics directory, drain."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import uvicorn
+
+from gateway.app import CONFIG_ENV
+from gateway.config import GatewayConfig
+from gateway.logs import Format
+from gateway.logs import config as logging_config
+from gateway.metrics import MULTIPROC_ENV
+
+# After the drain timeout the gateway ends its streams itself; this is uvicorn's
+# backstop for what the drain does not cover (a non-streaming request, a last write).
+SHUTDOWN_MARGIN = 5.0
+
+
+def serve(
+    config: GatewayConfig,
+    *,
+    config_path: str | None,
+    host: str | None,
+    port: int | None,
+    workers: int,
+    log_level: str | None,
+    log_format: Format | None,
+) -> None:
+    # Workers re-create the app from the environment (uvicorn needs an import string).
+    if config_path:
+        os.environ[CONFIG_ENV] = os.path.abspath(config_path)
+    else:
+        os.environ.pop(CONFIG_ENV, None)
+    if workers > 1 or os.environ.get(MULTIPROC_ENV):
+        prepare_multiprocess_dir()
+    level = log_level or config.logging.level
+    uvicorn.run(
+        "gateway.app:create_app_from_env",
+        factory=True,
+        host=host or config.listen.host,
+        port=config.listen.port if port is None else port,
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        log_config=logging_config(level, log_format or config.logging.format),
+        log_level=level,
+        access_log=False,  # gateway.access logs one line per request instead
+        # Idle time between requests on a client connection (streams are not idle).
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=math.ceil(config.listen.drain_timeout + SHUTDOWN_MARGIN),
+    )
+
+
+def prepare_multiprocess_dir() -> Path:
+    """An empty directory for the workers' metric files, exported to them.
+
+    Wiped at start: files left by an earlier run would be summed into this one's
+    counters. Only prometheus-client's own ``*.db`` files are removed, in case the
+    variable names a directory that holds anything else. Default: a fresh
+    temporary directory.
+    """
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        directory = Path(given)
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.db"):
+            stale.unlink()
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="resumable-gateway-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(directory)
+    return directory

@@ -1,0 +1,132 @@
+"""Real gateway processes (the CLI), for tests that need signals, workers or real logs."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from tests.servers import free_port
+
+BIN = Path(sys.executable).with_name("resumable-gateway")
+DEADLINE = 15.0  # seconds any single wait in these tests may take
+
+
+@dataclass
+class Replica:
+    name: str
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def freeze(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def kill(self) -> None:
+        """SIGKILL: no last checkpoint, no goodbye to its clients, its lease left to expire."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self) -> None:
+        """SIGTERM: what Kubernetes and ``docker stop`` send; the gateway drains."""
+        self.process.send_signal(signal.SIGTERM)
+
+    def samples(self, name: str) -> list[Sample]:
+        """The samples called ``name`` in a scrape of ``/metrics``."""
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return [
+            sample
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
+
+    def resumes(self) -> dict[tuple[str, str], float]:
+        """``gateway_resumes_total`` by (kind, outcome)."""
+        return {
+            (s.labels["kind"], s.labels["outcome"]): s.value
+            for s in self.samples("gateway_resumes_total")
+        }
+
+    def resumed(self, kind: str) -> float:
+        return self.resumes().get((kind, "ok"), 0.0)
+
+
+@dataclass
+class Replicas:
+    config: Path
+    directory: Path
+    started: list[Replica] = field(default_factory=list)
+
+    def start(
+        self,
+        *names: str,
+        args: Sequence[str] = ("--log-level", "warning"),
+        env: Mapping[str, str] | None = None,
+    ) -> list[Replica]:
+        """Start one gateway process per name, in parallel; return them once all are ready."""
+        replicas = []
+        for name in names:
+            port = free_port()
+            log = self.directory / f"gateway-{name}.log"
+            with log.open("wb") as stderr:
+                process = subprocess.Popen(
+                    [str(BIN), "serve", "--config", str(self.config), "--port", str(port)]
+                    + list(args),
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    env=None if env is None else {**os.environ, **env},
+                )
+            replica = Replica(name, f"http://127.0.0.1:{port}", process, log)
+            self.started.append(replica)
+            replicas.append(replica)
+        for replica in replicas:
+            wait_until(functools.partial(ready, replica), f"gateway {replica.name} ready")
+        return replicas
+
+    def stop_all(self) -> None:
+        for replica in self.started:
+            process = replica.process
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)  # a frozen one could not terminate
+                process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+            output = replica.log.read_text(errors="replace")
+            if output.strip():
+                print(f"--- gateway {replica.name} (exit {process.returncode}) ---\n{output}")
+
+
+def ready(replica: Replica) -> bool:
+    if replica.process.poll() is not None:
+        output = replica.log.read_text(errors="replace")
+        raise RuntimeError(f"gateway {replica.name} exited: {output}")
+    try:
+        return httpx.get(replica.url + "/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        time.sleep(0.01)
