@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import socket
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from gateway.app import CONFIG_ENV
 from gateway.config import GatewayConfig
@@ -73,3 +79,38 @@ def prepare_multiprocess_dir() -> Path:
         directory = Path(tempfile.mkdtemp(prefix="resumable-gateway-metrics-"))
     os.environ[MULTIPROC_ENV] = str(directory)
     return directory
+
+
+@contextlib.contextmanager
+def in_thread(app: ASGIApp, *, start_timeout: float = 10.0) -> Iterator[str]:
+    """Serve ``app`` (uvloop + httptools) in a daemon thread on a free loopback port.
+
+    Yields ``http://127.0.0.1:PORT``. For the demo and the tests: no signals, no workers.
+    """
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(start_timeout)
+        sock.close()

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-
 from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_config
 from gateway.metrics import Metrics
+from gateway.serve import in_thread
 
 
 def free_port() -> int:
@@ -50,30 +47,5 @@ class RunningGateway:
 def running_gateway(config: GatewayConfig) -> Iterator[RunningGateway]:
     """Serve ``create_app(config)`` with uvicorn (uvloop + httptools) on a free port."""
     metrics = Metrics()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config, metrics),
-            loop="uvloop",
-            http="httptools",
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the gateway did not start")
-        time.sleep(0.01)
-    try:
-        yield RunningGateway(f"http://127.0.0.1:{port}", metrics)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with in_thread(create_app(config, metrics)) as url:
+        yield RunningGateway(url, metrics)

@@ -1,0 +1,135 @@
+"""``resumable-gateway demo``: run as a new user runs it, and its checks shown to bite."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from gateway.chaos import Answer, expected_answer
+from gateway.demo import SCENARIOS, Received, Scenario, differences, run_demo, surfaced_cleanly
+
+CLI = str(Path(sys.executable).with_name("resumable-gateway"))
+
+# What the gateway must see and do in each scenario: the cause, and the plan (None: not retried).
+EXPECTED = {
+    "chaos:text=32,fault=reset,at=12,times=1": ("reset", "continue_text"),
+    "chaos:text=32,seed=1,fault=stall,at=18,times=1": ("idle", "continue_text"),
+    "chaos:text=32,seed=2,fault=error,at=8,times=1,echo=12": ("in_band_error", "continue_text"),
+    "chaos:text=32,seed=3,fault=no_finish,at=20,times=1": ("truncated", "continue_text"),
+    "chaos:text=8,tools=2,arg_deltas=6,seed=4,fault=reset,at=11,times=1": (
+        "reset",
+        "truncate_before_tool",
+    ),
+    "chaos:text=32,seed=5,fault=error_fatal,at=10,times=1": ("in_band_error", None),
+}
+TOOLS_SPEC = "chaos:text=8,tools=2,arg_deltas=6,seed=4"
+
+
+def sections(output: str) -> dict[str, str]:
+    """The report of each scenario, by its chaos spec (the model line, without pacing)."""
+    found = {}
+    for block in re.split(r"^(?=\d+/\d+  )", output, flags=re.MULTILINE)[1:]:
+        model = re.search(r"^ +model +(\S+)$", block, flags=re.MULTILINE)
+        assert model is not None, block
+        found[re.sub(r",pace_ms=\d+", "", model.group(1))] = block
+    return found
+
+
+def test_the_demo_breaks_and_rescues_every_scenario() -> None:
+    env = os.environ | {"NO_COLOR": "1", "COLUMNS": "100"}
+    result = subprocess.run(
+        [CLI, "demo", "--quick"], capture_output=True, text=True, env=env, timeout=90
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    reports = sections(result.stdout)
+    assert set(reports) == set(EXPECTED) == {s.spec for s in SCENARIOS}
+    for spec, (cause, plan) in EXPECTED.items():
+        report = reports[spec]
+        assert f"broke     {cause}: upstream 'chaos'" in report, report
+        if plan is None:
+            assert "handled   not retried" in report, report
+            assert "an explicit error, no [DONE], the text so far intact: yes" in report, report
+        else:
+            assert f"rescued   {plan}: " in report, report
+            assert "check     identical to an unbroken answer: yes" in report, report
+    tool_report = reports[f"{TOOLS_SPEC},fault=reset,at=11,times=1"]
+    assert tool_report.count("valid JSON") == 2, tool_report
+    assert "INVALID" not in tool_report
+    assert "5 streams broke, 5 rescued" in result.stdout
+    assert "OPENAI_BASE_URL=http://127.0.0.1:8080/v1" in result.stdout
+
+
+def stream_of(answer: Answer) -> list[str]:
+    """The SSE data payloads of an unbroken answer, text and arguments in several deltas."""
+
+    def chunk(delta: dict[str, object], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        body = {"id": "c", "object": "chat.completion.chunk", "choices": [choice]}
+        return orjson.dumps(body).decode()
+
+    half = len(answer.text) // 2
+    payloads = [chunk({"role": "assistant", "content": ""})]
+    payloads += [chunk({"content": answer.text[:half]}), chunk({"content": answer.text[half:]})]
+    for index, call in enumerate(answer.tool_calls):
+        header = {"index": index, "id": call.id, "type": "function"}
+        payloads.append(chunk({"tool_calls": [header | {"function": {"name": call.name}}]}))
+        for part in (call.arguments[:5], call.arguments[5:]):
+            arguments = {"index": index, "function": {"arguments": part}}
+            payloads.append(chunk({"tool_calls": [arguments]}))
+    return [*payloads, chunk({}, answer.finish_reason), "[DONE]"]
+
+
+def received_from(payloads: list[str]) -> Received:
+    received = Received()
+    for data in payloads:
+        received.feed(data)
+    return received
+
+
+def test_the_identity_check_tells_a_different_answer_apart() -> None:
+    expected = expected_answer(TOOLS_SPEC)
+    assert expected.tool_calls and expected.text
+    assert differences(expected, received_from(stream_of(expected))) == []
+
+    wrong_text = dataclasses.replace(expected, text=expected.text[:-1] + "!")
+    wrong_call = dataclasses.replace(expected.tool_calls[1], arguments='{"city": "Paris"}')
+    wrong_calls = dataclasses.replace(expected, tool_calls=[expected.tool_calls[0], wrong_call])
+    broken_json = dataclasses.replace(wrong_call, arguments='{"city": "Par')
+    half_call = dataclasses.replace(expected, tool_calls=[expected.tool_calls[0], broken_json])
+    for other in (wrong_text, wrong_calls, half_call):
+        assert differences(expected, received_from(stream_of(other)))
+    assert "not valid JSON" in " ".join(differences(expected, received_from(stream_of(half_call))))
+
+    payloads = stream_of(expected)
+    error = orjson.dumps({"error": {"message": "lost", "code": "upstream_interrupted"}}).decode()
+    for cut in (payloads[:-1], payloads[:-2] + ["[DONE]"], [*payloads[:-2], error]):
+        assert differences(expected, received_from(cut))  # no [DONE] / no finish / an error
+
+
+def test_the_honest_failure_check_bites() -> None:
+    expected = expected_answer("chaos:text=20,seed=5")
+    payloads = stream_of(expected)[:2]  # the role and the first half of the text
+    error = orjson.dumps({"error": {"message": "refused", "code": "upstream_interrupted"}}).decode()
+    assert surfaced_cleanly(expected, received_from([*payloads, error])) == []
+    assert surfaced_cleanly(expected, received_from(payloads))  # no error event
+    assert surfaced_cleanly(expected, received_from([*payloads, error, "[DONE]"]))
+    altered = dataclasses.replace(expected, text="Something else entirely, " + expected.text)
+    assert surfaced_cleanly(expected, received_from([*stream_of(altered)[:2], error]))
+
+
+def test_a_stream_that_cannot_be_rescued_fails_the_demo() -> None:
+    # No times=: every attempt resets, so the retry budget runs out and the answer is lost.
+    hopeless = Scenario("Every attempt resets", "chaos:text=10,fault=reset,at=3")
+    out = io.StringIO()
+    assert run_demo(quick=True, out=out, scenarios=(hopeless,)) == 1
+    report = out.getvalue()
+    assert "identical to an unbroken answer: no" in report
+    assert "1 of 1 scenarios failed" in report
