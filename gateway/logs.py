@@ -40,6 +40,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            "pid": record.process,  # which worker, with serve --workers N
         }
         line.update(fields(record))
         if record.exc_info:

@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# No ``*_created`` series: they double what is scraped and no panel or rule uses them.
+disable_created_metrics()
 
 # LLM latencies span from tens of milliseconds (cached, small models) to a minute
 # (reasoning models before their first token).
