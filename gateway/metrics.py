@@ -25,7 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # No ``*_created`` series: they double what is scraped and no panel or rule uses them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # LLM latencies span from tens of milliseconds (cached, small models) to a minute
 # (reasoning models before their first token).
