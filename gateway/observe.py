@@ -136,6 +136,8 @@ class Observer:
             line["client_closed"] = True
         if record.error is not None:
             line["error"] = record.error
+        if record.resumed_from is not None:
+            line["resumed_from"] = record.resumed_from
         run = record.run
         if run is not None:
             line["run_id"] = run.id
@@ -147,8 +149,6 @@ class Observer:
                 line["outcome"] = run.outcome
             if run.first_token_at is not None and record.resumed_from is None:
                 line["ttft_ms"] = _ms(run.first_token_at - record.started)
-            if record.resumed_from is not None:
-                line["resumed_from"] = record.resumed_from
             if self.content:
                 line["messages"] = run.body.get("messages")
                 line["completion"] = run.accumulator.text
