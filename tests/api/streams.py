@@ -8,6 +8,8 @@ from typing import Any
 from openai import OpenAI, Stream
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
+from gateway.chaos import expected_answer
+
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
 
 
@@ -63,3 +65,39 @@ def stream_chat(client: OpenAI, model: str, **kwargs: Any) -> Received:
         model=model, messages=MESSAGES, stream=True, **kwargs
     )
     return receive(chunks)
+
+
+# -- one run across connections (durable runs) ------------------------------------------
+
+
+def start(
+    client: OpenAI, model: str, into: Received, chunks: int
+) -> tuple[str, Stream[ChatCompletionChunk]]:
+    """Start a stream and read ``chunks`` chunks into ``into``; the run id and the open stream."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=MESSAGES, stream=True
+    )
+    stream = raw.parse()
+    for chunk in stream:
+        into.feed(chunk)
+        if into.chunks == chunks:
+            return raw.headers["x-run-id"], stream
+    stream.close()
+    raise AssertionError("the run ended before the client disconnected")
+
+
+def resume(client: OpenAI, model: str, run_id: str, into: Received) -> Received:
+    """The SDK way: the same call again, saying which run and how many chunks it has."""
+    headers = {"x-run-id": run_id, "x-resume-from": str(into.chunks)}
+    with client.chat.completions.create(
+        model=model, messages=MESSAGES, stream=True, extra_headers=headers
+    ) as stream:
+        return receive(stream, into)
+
+
+def assert_whole_text_answer(received: Received, model: str) -> None:
+    answer = expected_answer(model)
+    assert received.text == answer.text  # nothing lost, nothing repeated
+    assert received.roles == ["assistant"]
+    assert received.finish_reasons == [answer.finish_reason]
+    assert len(received.ids) == 1  # one completion identity across every connection

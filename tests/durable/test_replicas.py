@@ -32,7 +32,7 @@ from openai import OpenAI, Stream
 from openai.types.chat import ChatCompletionChunk
 
 from gateway.chaos import ChaosUpstream, RecordedRequest, expected_answer
-from tests.api.streams import MESSAGES, Received, receive
+from tests.api.streams import MESSAGES, Received, assert_whole_text_answer, resume, start
 from tests.processes import DEADLINE, Replica, Replicas, wait_until
 from tests.redis_server import RedisServer, running_redis
 
@@ -93,31 +93,6 @@ def sdk(replica: Replica) -> Iterator[OpenAI]:
         yield client
 
 
-def start(
-    client: OpenAI, model: str, into: Received, chunks: int
-) -> tuple[str, Stream[ChatCompletionChunk]]:
-    """Start a stream and read ``chunks`` chunks into ``into``; the run id and the open stream."""
-    raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=MESSAGES, stream=True
-    )
-    stream = raw.parse()
-    for chunk in stream:
-        into.feed(chunk)
-        if into.chunks == chunks:
-            return raw.headers["x-run-id"], stream
-    stream.close()
-    raise AssertionError("the run ended before the client disconnected")
-
-
-def resume(client: OpenAI, model: str, run_id: str, into: Received) -> Received:
-    """The SDK way: the same call again, saying which run and how many chunks it has."""
-    headers = {"x-run-id": run_id, "x-resume-from": str(into.chunks)}
-    with client.chat.completions.create(
-        model=model, messages=MESSAGES, stream=True, extra_headers=headers
-    ) as stream:
-        return receive(stream, into)
-
-
 def drain(stream: Stream[ChatCompletionChunk], into: Received) -> None:
     """What a client still reads from a replica that died: what it had sent, then an error."""
     with contextlib.suppress(httpx.HTTPError, openai.APIError), stream:
@@ -148,14 +123,6 @@ def continued_prefix(request: RecordedRequest) -> str:
     assert len(assistant) == 1, request.body
     prefix: str = assistant[0]["content"]
     return prefix
-
-
-def assert_whole_text_answer(received: Received, model: str) -> None:
-    answer = expected_answer(model)
-    assert received.text == answer.text  # nothing lost, nothing repeated
-    assert received.roles == ["assistant"]
-    assert received.finish_reasons == [answer.finish_reason]
-    assert len(received.ids) == 1  # one completion identity across every connection
 
 
 # -- live tail ------------------------------------------------------------------------

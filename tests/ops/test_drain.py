@@ -1,0 +1,128 @@
+"""SIGTERM to a gateway process that is serving a stream: what its client gets.
+
+Within ``listen.drain_timeout`` the stream simply finishes. Past it, the run is
+checkpointed and the client gets a ``gateway_shutting_down`` error event that
+says how to resume; another replica then serves the rest, whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from gateway.chaos import ChaosUpstream
+from tests.api.streams import Received, assert_whole_text_answer, receive, resume, start
+from tests.processes import DEADLINE, Replica, Replicas, wait_until
+from tests.redis_server import RedisServer, running_redis
+
+CONFIG = """
+upstreams:
+  - name: chaos
+    base_url: {chaos}
+listen:
+  drain_timeout: {drain}
+state:
+  store: {store}
+  redis_url: {redis}
+"""
+
+
+def replicas_with(
+    tmp_path: Path, chaos: ChaosUpstream, *, drain: float, redis: str | None = None
+) -> Replicas:
+    config = tmp_path / "gateway.yaml"
+    store = "redis" if redis else "memory"
+    text = CONFIG.format(chaos=chaos.base_url, drain=drain, store=store, redis=redis or "null")
+    config.write_text(text)
+    return Replicas(config, tmp_path)
+
+
+def sdk(replica: Replica) -> OpenAI:
+    return OpenAI(base_url=replica.base_url, api_key="sk-test", max_retries=0, timeout=DEADLINE)
+
+
+def refuses_connections(replica: Replica) -> bool:
+    try:
+        httpx.get(replica.url + "/healthz", timeout=1)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+def test_sigterm_lets_a_running_stream_finish(chaos: ChaosUpstream, tmp_path: Path) -> None:
+    model = "chaos:text=40,seed=61,pace_ms=50"  # about 2 s
+    replicas = replicas_with(tmp_path, chaos, drain=20)
+    try:
+        [replica] = replicas.start("a")
+        received = Received()
+        with sdk(replica) as client:
+            _, stream = start(client, model, received, chunks=5)
+            replica.terminate()
+            wait_until(lambda: refuses_connections(replica), "no new connections")
+            with stream:
+                receive(stream, received)
+        assert_whole_text_answer(received, model)
+        replica.process.wait(DEADLINE)  # and then it exits, well before its drain timeout
+    finally:
+        replicas.stop_all()
+
+
+def test_past_the_drain_timeout_another_replica_finishes_the_run(
+    chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    model = "chaos:text=60,seed=62,pace_ms=100"  # about 6 s: longer than the drain
+    replicas = replicas_with(tmp_path, chaos, drain=1, redis=redis_server.url)
+    try:
+        a, b = replicas.start("a", "b")
+        received = Received()
+        with sdk(a) as client:
+            run_id, stream = start(client, model, received, chunks=5)
+            terminated = time.monotonic()
+            a.terminate()
+            with stream, pytest.raises(openai.APIError) as ended:
+                receive(stream, received)
+        drained_after = time.monotonic() - terminated
+        assert ended.value.code == "gateway_shutting_down"
+        assert f"x-run-id: {run_id}" in ended.value.message
+        assert 1 <= drained_after < 3  # the drain timeout, not the answer's length
+        assert 5 < received.chunks and not received.finish_reasons
+        a.process.wait(DEADLINE)
+
+        with sdk(b) as client:
+            resume(client, model, run_id, received)
+        assert_whole_text_answer(received, model)
+        assert b.resumed("takeover") == 1
+    finally:
+        replicas.stop_all()
+
+
+def test_without_a_shared_store_the_client_is_told_the_answer_is_incomplete(
+    chaos: ChaosUpstream, tmp_path: Path
+) -> None:
+    model = "chaos:text=60,seed=63,pace_ms=100"
+    replicas = replicas_with(tmp_path, chaos, drain=1)
+    try:
+        [replica] = replicas.start("a")
+        received = Received()
+        with sdk(replica) as client:
+            _, stream = start(client, model, received, chunks=5)
+            replica.terminate()
+            with stream, pytest.raises(openai.APIError) as ended:
+                receive(stream, received)
+        assert ended.value.code == "gateway_shutting_down"
+        assert "the answer is incomplete" in ended.value.message
+        assert "x-run-id" not in ended.value.message  # nothing to resume it from
+    finally:
+        replicas.stop_all()
