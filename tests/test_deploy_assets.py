@@ -129,6 +129,15 @@ def test_dockerfile_runs_non_root_on_the_compose_port_with_a_healthcheck() -> No
     assert "/healthz" in {getattr(route, "path", None) for route in app.routes}
 
 
+def test_compose_gives_the_gateway_time_to_drain_before_sigkill() -> None:
+    """``docker compose stop`` waits stop_grace_period (Docker's default: 10 s)."""
+    grace = compose()["services"]["gateway"]["stop_grace_period"]
+    match = re.fullmatch(r"(\d+)s", grace)
+    assert match is not None, grace
+    drain = default_config({}).listen.drain_timeout
+    assert int(match[1]) > math.ceil(drain + SHUTDOWN_MARGIN)
+
+
 def test_every_path_compose_mounts_from_the_repository_exists() -> None:
     for name in compose()["services"]:
         for source in mounts(name).values():
