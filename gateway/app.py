@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ from gateway.api.runs import run_events
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.context import Gateway
 from gateway.errors import GatewayError, error_body
-from gateway.metrics import Metrics, process_exited
+from gateway.metrics import Metrics, process_exited, sweep_dead_workers
 from gateway.observe import Observer
 
 logger = logging.getLogger("gateway")
@@ -62,13 +63,15 @@ def drain_on_sigterm(gateway: Gateway) -> Callable[[], None]:
     """
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    loop = asyncio.get_running_loop()
     previous = signal.getsignal(signal.SIGTERM)
+    if not callable(previous):  # not under uvicorn's handler: the default must stand
+        return lambda: None
+    loop = asyncio.get_running_loop()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        loop.call_soon_threadsafe(gateway.begin_drain)
-        if callable(previous):
-            previous(signum, frame)
+        # A fresh context: not that of whichever request the signal interrupted.
+        loop.call_soon_threadsafe(gateway.begin_drain, context=contextvars.Context())
+        previous(signum, frame)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -84,6 +87,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sweep_dead_workers()
         gateway = Gateway(config, metrics)
         app.state.gateway = gateway
         await gateway.start()

@@ -65,10 +65,12 @@ class Gateway:
         return None
 
     async def aclose(self) -> None:
-        if self._drain is not None:
-            await self._drain
-        await self.runs.aclose()  # runs first: their last checkpoints need the store
-        await self.upstreams.aclose()
+        try:
+            if self._drain is not None:
+                await self._drain
+        finally:
+            await self.runs.aclose()  # runs first: their last checkpoints need the store
+            await self.upstreams.aclose()
 
 
 def make_store(config: State) -> CheckpointStore | None:

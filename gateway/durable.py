@@ -175,13 +175,20 @@ class LocalRun:
                 if self._watched or self._deltas >= every:
                     self._deltas = 0
                     self.checkpoint()
-            self.status = "done" if log.events and log.events[-1] == DONE_EVENT else "failed"
+            self.status = self._ended_as() or "failed"
         except asyncio.CancelledError:
-            self.status = "detached"
+            # Cancelled while closing its upstream after the last event: it ended.
+            self.status = self._ended_as() or "detached"
             raise
         finally:
             log.close()
             self._runs.ended(self)
+
+    def _ended_as(self) -> Status | None:
+        events = self.log.events
+        if not events or not is_terminal(events[-1]):
+            return None
+        return "done" if events[-1] == DONE_EVENT else "failed"
 
     # -- followers and the detach grace -------------------------------------------
 
@@ -205,8 +212,9 @@ class LocalRun:
         """The drain deadline: end the run here, after a last checkpoint another
         replica can resume; its clients get an error event that says how."""
         self._stopped = True
-        if not self.task.done():
-            self.task.cancel()
+        # On the next turn of the loop: a task cancelled before its first step never
+        # runs its body, so it would neither close its log nor write its checkpoint.
+        asyncio.get_running_loop().call_soon(self.task.cancel)
 
     def start_grace(self) -> None:
         """No client listens: cancel the run unless one attaches within the grace period."""

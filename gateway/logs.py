@@ -10,6 +10,7 @@ prompts and completions reach a log line only from ``observe`` and only when
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from typing import Any, Literal
@@ -61,10 +62,15 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+_BARE = re.compile(r"[\w./*:@+-]+")
+
+
 def _text(value: Any) -> str:
+    """A value for a text line: strings quoted and escaped unless plainly safe (a path
+    with an encoded newline must not forge a log line)."""
     if isinstance(value, float):
         return f"{value:g}"
-    if isinstance(value, str) and value and " " not in value and '"' not in value:
+    if isinstance(value, str) and _BARE.fullmatch(value):
         return value
     return orjson.dumps(value, default=str).decode()
 

@@ -10,6 +10,7 @@ multiprocess mode; the CLI creates and wipes the directory at start).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from prometheus_client import (
     CollectorRegistry,
@@ -157,6 +158,22 @@ class Metrics:
 
 def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
+
+
+def sweep_dead_workers() -> None:
+    """Drop the live gauges of workers that died without ``process_exited`` (SIGKILL,
+    a crash): uvicorn replaces them, and their open streams are not open any more."""
+    directory = multiprocess_dir()
+    if directory is None:
+        return
+    for path in Path(directory).glob("gauge_live*_*.db"):
+        pid = int(path.stem.rpartition("_")[2])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid)  # type: ignore[no-untyped-call]
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def process_exited() -> None:

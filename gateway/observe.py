@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gateway.access")
 
-CLIENT_CLOSED = 499  # no response was sent: the client left first (nginx's convention)
+CLIENT_CLOSED = 499  # the client left before any response was sent (nginx's convention)
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -41,6 +41,7 @@ class RequestLog:
     first_byte: float | None = None
     sent: int = 0
     complete: bool = False
+    disconnected: bool = False
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -80,12 +81,19 @@ class Observer:
         record = RequestLog(scope["method"], path, time.perf_counter(), route_kind(path))
         token = current.set(record)
 
+        async def observed_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                record.disconnected = not record.complete
+            return message
+
         async def observed_send(message: Message) -> None:
             if message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 if body:
                     if record.first_byte is None:
                         record.first_byte = time.perf_counter()
+                        self.first_byte(record)
                     record.sent += len(body)
                 if not message.get("more_body", False):
                     record.complete = True
@@ -94,7 +102,7 @@ class Observer:
             await send(message)
 
         try:
-            await self.app(scope, receive, observed_send)
+            await self.app(scope, observed_receive, observed_send)
         except asyncio.CancelledError:
             record.error = "cancelled"
             raise
@@ -105,17 +113,20 @@ class Observer:
             current.reset(token)
             self.finish(record)
 
+    def first_byte(self, record: RequestLog) -> None:
+        """Time to first byte of a chat run's answer (not of an error, not of a resume)."""
+        if record.run is not None and record.resumed_from is None and record.status < 400:
+            assert record.first_byte is not None
+            self.metrics.ttfb.labels(record.route).observe(record.first_byte - record.started)
+
     def finish(self, record: RequestLog) -> None:
         ended = time.perf_counter()
-        if not record.status:  # nothing was sent: an unhandled error, or the client left
-            record.status = CLIENT_CLOSED if record.error in (None, "cancelled") else 500
+        if not record.status:  # nothing was sent: the client left, or an unhandled error
+            record.status = CLIENT_CLOSED if record.disconnected else 500
         metrics, route = self.metrics, record.route
         metrics.requests.labels(route, record.method, str(record.status)).inc()
         if record.sent:
             metrics.relayed_bytes.labels(route).inc(record.sent)
-        run = record.run
-        if run is not None and record.first_byte is not None and record.resumed_from is None:
-            metrics.ttfb.labels(route).observe(record.first_byte - record.started)
         level = logging.DEBUG if route == "ops" else logging.INFO
         if logger.isEnabledFor(level):
             logger.log(level, "request", extra=self.line(record, ended))
@@ -133,6 +144,8 @@ class Observer:
         if record.first_byte is not None:
             line["ttfb_ms"] = _ms(record.first_byte - record.started)
         if not record.complete:
+            line["incomplete"] = True  # the response body did not end normally
+        if record.disconnected:
             line["client_closed"] = True
         if record.error is not None:
             line["error"] = record.error

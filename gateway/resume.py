@@ -23,11 +23,12 @@ that says no more than an unknown id would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from gateway.checkpoint.model import Checkpoint, is_terminal, owner_hash
 from gateway.checkpoint.store import CheckpointStore
@@ -83,6 +84,7 @@ class Runs:
         )
         self.local: dict[str, LocalRun] = {}
         self.stopping = False  # the drain deadline passed: runs end here
+        self._busy = 0  # requests opening a run, and tails: the drain waits for them too
         self._router = router
         self._upstreams = upstreams
 
@@ -105,7 +107,18 @@ class Runs:
         )
         self.local[run.id] = local
         local.start_grace()  # cancelled by the first follower to attach
+        if self.stopping:  # past the drain deadline: checkpointed for another replica
+            local.stop()
         return local
+
+    @contextlib.contextmanager
+    def opening(self) -> Iterator[None]:
+        """Around the start of a run (its upstream request): the drain waits for it."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
 
     def ended(self, local: LocalRun) -> None:
         local.checkpoint()  # the last one: final status, lease released
@@ -255,6 +268,21 @@ class Runs:
         forward_authorization: str | None,
     ) -> AsyncIterator[bytes]:
         """Follow a run another replica relays; take it over if that replica dies."""
+        with self.opening():  # a tail is a stream the drain lets finish
+            async for data in self._follow_store(
+                store, run_id, credential, after, ids, forward_authorization
+            ):
+                yield data
+
+    async def _follow_store(
+        self,
+        store: CheckpointStore,
+        run_id: str,
+        credential: str | None,
+        after: int,
+        ids: bool,
+        forward_authorization: str | None,
+    ) -> AsyncIterator[bytes]:
         seq, block = after, min(1.0, self.config.lease_ttl / 2)
         loop = asyncio.get_running_loop()
         watched_until = 0.0
@@ -297,8 +325,11 @@ class Runs:
         deadline = loop.time() + grace
         running = self._running()
         logger.info("draining", extra={"runs": len(running), "drain_timeout_s": grace})
-        while running and (left := deadline - loop.time()) > 0:
-            await asyncio.wait(running, timeout=left)
+        while (running or self._busy) and (left := deadline - loop.time()) > 0:
+            if running:
+                await asyncio.wait(running, timeout=left)
+            else:
+                await asyncio.sleep(min(left, 0.05))
             running = self._running()  # and any a request already in flight started
         self.stopping = True
         if running:

@@ -253,16 +253,17 @@ class ChatRun:
         metrics, route = self._metrics, self.route.name
         metrics.active_streams.inc()
         failure = None if resume is None else self._interrupted(resume)
-        self.outcome = "failed"
         try:
             async for data in self._run(failure):
                 yield data
         except GatewayError as exc:
+            self.outcome = "failed"
             yield sse_error_event(exc)
         except asyncio.CancelledError:
-            self.outcome = "detached"
+            self.outcome = self.outcome or "detached"
             raise
         except Exception:
+            self.outcome = "failed"
             logger.exception("run failed", extra={"run_id": self.id})
             yield sse_error_event(GatewayError("The gateway failed while relaying the answer."))
         finally:
@@ -273,10 +274,12 @@ class ChatRun:
 
     async def collect(self) -> dict[str, Any]:
         """Run to the end for a non-streaming client; return the assembled completion."""
-        self.outcome = "failed"
         try:
             async for _ in self._run():
                 pass
+        except BaseException:
+            self.outcome = self.outcome or "failed"
+            raise
         finally:
             self._count_tokens()
             await self.aclose()

@@ -43,15 +43,17 @@ async def chat_completions(request: Request) -> Response:
     log.run = run
     headers = {"x-run-id": run.id}
     try:
-        await run.open()
         if run.stream:
-            # The run is relayed by its own task: it outlives this connection (detach).
-            local = gateway.runs.adopt(run, request.headers.get("authorization"))
+            with gateway.runs.opening():
+                await run.open()
+                # Relayed by its own task: the run outlives this connection (detach).
+                local = gateway.runs.adopt(run, request.headers.get("authorization"))
             return StreamingResponse(
                 local.attach(0, ids=False),
                 media_type="text/event-stream",
                 headers=STREAM_HEADERS | headers,
             )
+        await run.open()
         completion = await run.collect()
     except UpstreamHTTPError as exc:
         # The upstream's own 4xx/5xx before any stream: passed through unchanged.

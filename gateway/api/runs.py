@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -26,6 +26,10 @@ from gateway.errors import InvalidRequest
 from gateway.observe import request_log
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+# sse-starlette ends every EventSourceResponse as soon as uvicorn receives SIGTERM;
+# the drain (Runs.drain) lets these streams finish and ends them itself.
+AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
 
 
 def parse_offset(value: str | None, name: str) -> int:

@@ -74,6 +74,12 @@ class ChaosUpstream:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
 
+    def requests_for(self, model: str) -> list[RecordedRequest]:
+        """The requests recorded so far whose body named ``model``."""
+        return [
+            r for r in list(self.requests) if isinstance(r.body, dict) and r.body["model"] == model
+        ]
+
     @property
     def open_connections(self) -> int:
         """Connections open right now, streaming or idle in keep-alive."""

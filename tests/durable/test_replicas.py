@@ -111,12 +111,6 @@ def lease_held(store: redis.Redis, run_id: str) -> bool:
     return bool(store.exists(f"rg:{{{run_id}}}:lease"))
 
 
-def requests_for(chaos: ChaosUpstream, model: str) -> list[RecordedRequest]:
-    return [
-        r for r in list(chaos.requests) if isinstance(r.body, dict) and r.body["model"] == model
-    ]
-
-
 def continued_prefix(request: RecordedRequest) -> str:
     """The text a continuation request asks the upstream to continue."""
     assistant = [m for m in request.body["messages"] if m["role"] == "assistant"]
@@ -145,7 +139,7 @@ def test_sdk_resume_on_another_replica_tails_the_live_run(
     # B followed A through Redis: it neither took the run over nor asked the upstream.
     assert b.resumes() == {("tail", "ok"): 1.0}
     assert a.process.poll() is None
-    assert len(requests_for(chaos, model)) == 1
+    assert len(chaos.requests_for(model)) == 1
     wait_until(lambda: state(store, run_id)["status"] == "done", "A completes the run")
 
 
@@ -191,7 +185,7 @@ def test_event_source_resume_on_another_replica_tails_with_consecutive_ids(
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == expected_answer(model).text
     assert b.resumes() == {("tail", "ok"): 1.0}
-    assert len(requests_for(chaos, model)) == 1
+    assert len(chaos.requests_for(model)) == 1
 
 
 # -- crash resume ---------------------------------------------------------------------
@@ -253,7 +247,7 @@ def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
     assert_whole_text_answer(received, model)
     assert b.resumed("takeover") == 1
     # One continuation, from exactly the text A had checkpointed.
-    original, continuation = requests_for(chaos, model)
+    original, continuation = chaos.requests_for(model)
     prefix = continued_prefix(continuation)
     assert prefix and expected_answer(model).text.startswith(prefix)
     assert state(store, run_id)["status"] == "done"
@@ -309,7 +303,7 @@ def test_takeover_of_a_checkpoint_with_completed_tool_calls_finishes_without_the
     expected_calls = [(c.id, c.name, c.arguments) for c in answer.tool_calls[:completed]]
     assert received.calls() == expected_calls  # the completed calls, and only those
     assert b.resumed("takeover") == 1
-    assert len(requests_for(chaos, model)) == 1  # no continuation was requested
+    assert len(chaos.requests_for(model)) == 1  # no continuation was requested
     assert state(store, run_id)["status"] == "done"
 
 
@@ -348,6 +342,6 @@ def test_concurrent_resumes_after_the_owner_died_continue_the_upstream_once(
         assert_whole_text_answer(result, model)
     counts = [b.resumes(), c.resumes()]
     assert sum(count.get(("takeover", "ok"), 0.0) for count in counts) == 1
-    original, continuation = requests_for(chaos, model)  # exactly one continuation
+    original, continuation = chaos.requests_for(model)  # exactly one continuation
     assert expected_answer(model).text.startswith(continued_prefix(continuation))
     assert state(store, run_id)["status"] == "done"

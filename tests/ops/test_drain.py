@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import httpx_sse
 import openai
+import orjson
 import pytest
 from openai import OpenAI
 
-from gateway.chaos import ChaosUpstream
+from gateway.chaos import ChaosUpstream, expected_answer
 from tests.api.streams import Received, assert_whole_text_answer, receive, resume, start
 from tests.processes import DEADLINE, Replica, Replicas, wait_until
 from tests.redis_server import RedisServer, running_redis
@@ -126,3 +129,72 @@ def test_without_a_shared_store_the_client_is_told_the_answer_is_incomplete(
         assert "x-run-id" not in ended.value.message  # nothing to resume it from
     finally:
         replicas.stop_all()
+
+
+def test_an_event_stream_follower_also_gets_the_whole_drain(
+    chaos: ChaosUpstream, tmp_path: Path
+) -> None:
+    """``GET /v1/runs/{id}/events`` (sse-starlette) is not cut at SIGTERM either."""
+    model = "chaos:text=40,seed=64,pace_ms=50"  # about 2 s
+    replicas = replicas_with(tmp_path, chaos, drain=20)
+    try:
+        [replica] = replicas.start("a")
+        received = Received()
+        text = ""
+        with sdk(replica) as client:
+            run_id, stream = start(client, model, received, chunks=3)
+            url = f"{replica.url}/v1/runs/{run_id}/events"
+            with (
+                httpx.Client(timeout=DEADLINE) as http,
+                httpx_sse.connect_sse(
+                    http, "GET", url, headers={"authorization": "Bearer sk-test"}
+                ) as events,
+            ):
+                replica.terminate()
+                for event in events.iter_sse():
+                    if event.data == "[DONE]":
+                        break
+                    for choice in orjson.loads(event.data)["choices"]:
+                        text += choice["delta"].get("content") or ""
+            stream.close()
+        assert text == expected_answer(model).text
+    finally:
+        replicas.stop_all()
+
+
+def test_a_request_still_opening_its_run_at_the_deadline_is_handed_over(
+    chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """SIGTERM while the upstream has not answered yet: the drain waits for it, and
+    the run it starts after the deadline is checkpointed at once for another replica."""
+    model = "chaos:text=20,seed=65,first_byte_ms=1500,pace_ms=20"
+    replicas = replicas_with(tmp_path, chaos, drain=1, redis=redis_server.url)
+    try:
+        a, b = replicas.start("a", "b")
+        received = Received()
+        with sdk(a) as client, ThreadPoolExecutor(1) as pool:
+            # The SDK returns at the response headers, after the upstream's first byte.
+            opening = pool.submit(start_or_end, client, model, received)
+            wait_until(lambda: len(chaos.requests_for(model)) == 1, "the upstream request")
+            a.terminate()
+            run_id, ended = opening.result(DEADLINE)
+        assert ended is not None and ended.code == "gateway_shutting_down"
+        a.process.wait(DEADLINE)
+        with sdk(b) as client:
+            resume(client, model, run_id, received)
+        assert_whole_text_answer(received, model)
+    finally:
+        replicas.stop_all()
+
+
+def start_or_end(client: OpenAI, model: str, into: Received) -> tuple[str, openai.APIError | None]:
+    """Read a stream to its end; its run id, and the error event that ended it, if any."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    try:
+        with raw.parse() as stream:
+            receive(stream, into)
+    except openai.APIError as exc:
+        return raw.headers["x-run-id"], exc
+    return raw.headers["x-run-id"], None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pty
 import re
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from gateway.chaos import ChaosUpstream, expected_answer
+from gateway.logs import TextFormatter
 from tests.processes import BIN, Replica, Replicas, wait_until
 from tests.servers import free_port
 
@@ -173,3 +175,11 @@ def _ready(url: str) -> bool:
         return httpx.get(url + "/readyz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_text_line_cannot_be_forged_through_a_field() -> None:
+    """``%0A`` in a URL is a newline in the path: text lines quote and escape it."""
+    record = logging.LogRecord("gateway.access", logging.INFO, "", 0, "request", None, None)
+    record.path = "/v1/x\n12:00:00.000 INFO     gateway.access: request status=200"
+    line = TextFormatter().format(record)
+    assert "\n" not in line and 'path="/v1/x\\n12:00' in line
