@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import orjson
 
+from gateway.observe import current
+
 Format = Literal["auto", "json", "text"]
 
 # Attributes every LogRecord has: anything else on a record was passed as extra=.
@@ -79,8 +81,6 @@ class RequestContext(logging.Filter):
     """Adds the run id and route of the request being served to lines that lack them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from gateway.observe import current  # observe imports this module
-
         request = current.get()
         if request is not None:
             if getattr(record, "run_id", None) is None and request.run is not None:
