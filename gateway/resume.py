@@ -112,8 +112,8 @@ class Runs:
         return local
 
     @contextlib.contextmanager
-    def opening(self) -> Iterator[None]:
-        """Around the start of a run (its upstream request): the drain waits for it."""
+    def in_progress(self) -> Iterator[None]:
+        """Around work the drain waits for: a request opening a run, a tail follower."""
         self._busy += 1
         try:
             yield
@@ -268,51 +268,37 @@ class Runs:
         forward_authorization: str | None,
     ) -> AsyncIterator[bytes]:
         """Follow a run another replica relays; take it over if that replica dies."""
-        with self.opening():  # a tail is a stream the drain lets finish
-            async for data in self._follow_store(
-                store, run_id, credential, after, ids, forward_authorization
-            ):
-                yield data
-
-    async def _follow_store(
-        self,
-        store: CheckpointStore,
-        run_id: str,
-        credential: str | None,
-        after: int,
-        ids: bool,
-        forward_authorization: str | None,
-    ) -> AsyncIterator[bytes]:
-        seq, block = after, min(1.0, self.config.lease_ttl / 2)
-        loop = asyncio.get_running_loop()
-        watched_until = 0.0
-        while True:
-            if self.stopping:
-                yield self.shutdown_event(run_id)
-                return
-            if loop.time() >= watched_until:
-                await store.watch(run_id, 4 * block)
-                watched_until = loop.time() + block
-            entries = await store.read_events(run_id, seq, block)
-            if entries:
-                yield render(entries, ids=ids)
-                seq = entries[-1][0]
-                if is_terminal(entries[-1][1]):
+        with self.in_progress():  # a tail is a stream the drain lets finish
+            seq, block = after, min(1.0, self.config.lease_ttl / 2)
+            loop = asyncio.get_running_loop()
+            watched_until = 0.0
+            while True:
+                if self.stopping:
+                    yield self.shutdown_event(run_id)
                     return
-                continue
-            if await store.lease_holder(run_id) is not None:
-                continue
-            try:
-                taken = await self._take_over(
-                    store, run_id, credential, seq, ids, forward_authorization
-                )
-            except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
-                yield sse_error_event(exc)
-                return
-            if taken is not None:
-                async for data in taken:
-                    yield data
-                return
+                if loop.time() >= watched_until:
+                    await store.watch(run_id, 4 * block)
+                    watched_until = loop.time() + block
+                entries = await store.read_events(run_id, seq, block)
+                if entries:
+                    yield render(entries, ids=ids)
+                    seq = entries[-1][0]
+                    if is_terminal(entries[-1][1]):
+                        return
+                    continue
+                if await store.lease_holder(run_id) is not None:
+                    continue
+                try:
+                    taken = await self._take_over(
+                        store, run_id, credential, seq, ids, forward_authorization
+                    )
+                except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
+                    yield sse_error_event(exc)
+                    return
+                if taken is not None:
+                    async for data in taken:
+                        yield data
+                    return
 
     # -- shutdown -------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ async def chat_completions(request: Request) -> Response:
     headers = {"x-run-id": run.id}
     try:
         if run.stream:
-            with gateway.runs.opening():
+            with gateway.runs.in_progress():
                 await run.open()
                 # Relayed by its own task: the run outlives this connection (detach).
                 local = gateway.runs.adopt(run, request.headers.get("authorization"))

@@ -55,6 +55,8 @@ def refuses_connections(replica: Replica) -> bool:
         httpx.get(replica.url + "/healthz", timeout=1)
     except httpx.ConnectError:
         return True
+    except httpx.TransportError:
+        return False  # accepted into the backlog as the listener closed: ask again
     return False
 
 
