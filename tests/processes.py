@@ -98,6 +98,12 @@ class Replicas:
             wait_until(functools.partial(ready, replica), f"gateway {replica.name} ready")
         return replicas
 
+    def __enter__(self) -> Replicas:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
     def stop_all(self) -> None:
         for replica in self.started:
             process = replica.process

@@ -75,11 +75,8 @@ def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) ->
     config = tmp_path / "gateway.yaml"
     config.write_text(CONFIG.format(chaos=chaos.base_url, redis=redis_server.url))
     chaos.requests.clear()
-    running = Replicas(config, tmp_path)
-    try:
+    with Replicas(config, tmp_path) as running:
         yield running
-    finally:
-        running.stop_all()
 
 
 # -- clients and inspection -------------------------------------------------------------

@@ -68,8 +68,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 def test_sigterm_lets_a_running_stream_finish(chaos: ChaosUpstream, tmp_path: Path) -> None:
     model = "chaos:text=40,seed=61,pace_ms=50"  # about 2 s
-    replicas = replicas_with(tmp_path, chaos, drain=20)
-    try:
+    with replicas_with(tmp_path, chaos, drain=20) as replicas:
         [replica] = replicas.start("a")
         received = Received()
         with sdk(replica) as client:
@@ -80,16 +79,13 @@ def test_sigterm_lets_a_running_stream_finish(chaos: ChaosUpstream, tmp_path: Pa
                 receive(stream, received)
         assert_whole_text_answer(received, model)
         replica.process.wait(DEADLINE)  # and then it exits, well before its drain timeout
-    finally:
-        replicas.stop_all()
 
 
 def test_past_the_drain_timeout_another_replica_finishes_the_run(
     chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path
 ) -> None:
     model = "chaos:text=60,seed=62,pace_ms=100"  # about 6 s: longer than the drain
-    replicas = replicas_with(tmp_path, chaos, drain=1, redis=redis_server.url)
-    try:
+    with replicas_with(tmp_path, chaos, drain=1, redis=redis_server.url) as replicas:
         a, b = replicas.start("a", "b")
         received = Received()
         with sdk(a) as client:
@@ -109,16 +105,13 @@ def test_past_the_drain_timeout_another_replica_finishes_the_run(
             resume(client, model, run_id, received)
         assert_whole_text_answer(received, model)
         assert b.resumed("takeover") == 1
-    finally:
-        replicas.stop_all()
 
 
 def test_without_a_shared_store_the_client_is_told_the_answer_is_incomplete(
     chaos: ChaosUpstream, tmp_path: Path
 ) -> None:
     model = "chaos:text=60,seed=63,pace_ms=100"
-    replicas = replicas_with(tmp_path, chaos, drain=1)
-    try:
+    with replicas_with(tmp_path, chaos, drain=1) as replicas:
         [replica] = replicas.start("a")
         received = Received()
         with sdk(replica) as client:
@@ -129,8 +122,6 @@ def test_without_a_shared_store_the_client_is_told_the_answer_is_incomplete(
         assert ended.value.code == "gateway_shutting_down"
         assert "the answer is incomplete" in ended.value.message
         assert "x-run-id" not in ended.value.message  # nothing to resume it from
-    finally:
-        replicas.stop_all()
 
 
 def test_an_event_stream_follower_also_gets_the_whole_drain(
@@ -138,8 +129,7 @@ def test_an_event_stream_follower_also_gets_the_whole_drain(
 ) -> None:
     """``GET /v1/runs/{id}/events`` (sse-starlette) is not cut at SIGTERM either."""
     model = "chaos:text=40,seed=64,pace_ms=50"  # about 2 s
-    replicas = replicas_with(tmp_path, chaos, drain=20)
-    try:
+    with replicas_with(tmp_path, chaos, drain=20) as replicas:
         [replica] = replicas.start("a")
         received = Received()
         text = ""
@@ -160,8 +150,6 @@ def test_an_event_stream_follower_also_gets_the_whole_drain(
                         text += choice["delta"].get("content") or ""
             stream.close()
         assert text == expected_answer(model).text
-    finally:
-        replicas.stop_all()
 
 
 def test_a_request_still_opening_its_run_at_the_deadline_is_handed_over(
@@ -170,8 +158,7 @@ def test_a_request_still_opening_its_run_at_the_deadline_is_handed_over(
     """SIGTERM while the upstream has not answered yet: the drain waits for it, and
     the run it starts after the deadline is checkpointed at once for another replica."""
     model = "chaos:text=20,seed=65,first_byte_ms=1500,pace_ms=20"
-    replicas = replicas_with(tmp_path, chaos, drain=1, redis=redis_server.url)
-    try:
+    with replicas_with(tmp_path, chaos, drain=1, redis=redis_server.url) as replicas:
         a, b = replicas.start("a", "b")
         received = Received()
         with sdk(a) as client, ThreadPoolExecutor(1) as pool:
@@ -185,8 +172,6 @@ def test_a_request_still_opening_its_run_at_the_deadline_is_handed_over(
         with sdk(b) as client:
             resume(client, model, run_id, received)
         assert_whole_text_answer(received, model)
-    finally:
-        replicas.stop_all()
 
 
 def start_or_end(client: OpenAI, model: str, into: Received) -> tuple[str, openai.APIError | None]:

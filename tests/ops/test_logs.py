@@ -78,10 +78,8 @@ def requests(log: str) -> list[dict[str, Any]]:
 @pytest.fixture
 def served(chaos: ChaosUpstream, tmp_path: Path) -> Iterator[tuple[Replicas, Replica]]:
     replicas, replica = start(chaos, tmp_path, content=False)
-    try:
+    with replicas:
         yield replicas, replica
-    finally:
-        replicas.stop_all()
 
 
 def test_one_json_line_per_request_and_no_key_prompt_or_completion(
@@ -131,11 +129,9 @@ def test_one_json_line_per_request_and_no_key_prompt_or_completion(
 
 def test_content_logging_is_off_unless_switched_on(chaos: ChaosUpstream, tmp_path: Path) -> None:
     replicas, replica = start(chaos, tmp_path, content=True)
-    try:
+    with replicas:
         chat(replica, CLEAN)
         log = stopped_log(replicas, replica)
-    finally:
-        replicas.stop_all()
     [line] = requests(log)
     assert line["messages"] == [{"role": "user", "content": PROMPT}]
     assert line["completion"] == expected_answer(CLEAN).text

@@ -144,8 +144,7 @@ def test_two_workers_share_one_set_of_counters(chaos: ChaosUpstream, tmp_path: P
     directory.mkdir()
     # A file a previous run left behind: its counts must not be added to this run's.
     (directory / "counter_99999.db").write_bytes(b"stale")
-    replicas = Replicas(config, tmp_path)
-    try:
+    with Replicas(config, tmp_path) as replicas:
         [replica] = replicas.start(
             "workers",
             args=["--workers", "2", "--log-level", "info", "--log-format", "json"],
@@ -163,5 +162,3 @@ def test_two_workers_share_one_set_of_counters(chaos: ChaosUpstream, tmp_path: P
             samples = replica.samples("gateway_requests_total")
             chat = [s.value for s in samples if s.labels["route"] == "*"]
             assert chat == [sent]
-    finally:
-        replicas.stop_all()
