@@ -1,0 +1,370 @@
+"""Benchmarks: the gateway side by side with a direct connection and with LiteLLM's proxy.
+
+    .venv/bin/python -m bench              # the full run, about 10 minutes
+    .venv/bin/python -m bench --quick      # a smoke run (CI), figures not meaningful
+
+Targets, measured in one run against one upstream:
+
+- ``direct``: the client talks to the upstream itself (the physical limit);
+- ``off``, ``memory``, ``redis``: the gateway (the real CLI, one process each)
+  with checkpoints off, in memory, and in a redis-server started here;
+- ``litellm``: LiteLLM's proxy, installed from PyPI into ``bench/.venv-litellm``
+  on first use (``--no-litellm`` leaves it out).
+
+The upstream is ``bench.upstream`` (pre-rendered SSE, its own process); recoveries
+use the fault-injecting chaos upstream. On a machine with two or more CPUs the
+harness (client, upstreams, redis-server) is pinned to CPU 0 and each proxy to
+CPU 1, so a proxy has a core to itself and the harness's load is the same for
+every target. Workloads (``bench.workloads``): one stream's TTFT; N concurrent
+streams of 64 deltas 20 ms apart; non-streaming requests at concurrency 64;
+seam latency; CPU and RSS of the proxy. Results go to ``bench/results/``
+(``results.json``, ``results.md``, ``chart.png``); ``--publish`` also puts the
+tables into BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench import litellm, report, workloads
+from bench.procs import (
+    commit,
+    free_ports,
+    http_ok,
+    machine,
+    memory_kb,
+    pinned,
+    redis_ok,
+    spawned,
+    tree,
+    wait_ready,
+)
+from bench.workloads import Roles, Target
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).with_name("resumable-gateway")
+GATEWAYS = ("off", "memory", "redis")
+LABELS = {
+    "direct": "direct (no proxy)",
+    "off": "gateway, checkpoints off",
+    "memory": "gateway, in-memory checkpoints (default)",
+    "redis": "gateway, Redis checkpoints",
+    "litellm": "LiteLLM proxy",
+}
+GATEWAY_CONFIG = """
+upstreams:
+  - name: bench
+    base_url: http://127.0.0.1:{bench}/v1
+    timeouts: {{connect: 5, first_byte: 30, idle: 30}}
+  - name: chaos
+    base_url: http://127.0.0.1:{chaos}/v1
+    timeouts: {{connect: 2, first_byte: 5, idle: 5}}
+routes:
+  - match: "chaos:*"
+    upstream: chaos
+    retry: {{retries: 2, backoff_initial: 0, backoff_max: 0, idle_retry_delay: 0}}
+  - match: "*"
+    upstream: bench
+state:
+  {state}
+"""
+# Quoted: an unquoted YAML `off` is the boolean false, which the config rejects.
+STATES = {"off": 'store: "off"', "memory": "store: memory", "redis": "redis_url: {redis}"}
+HEADROOM = 80.0  # % of its core the harness may use before its figures are suspect
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny workloads")
+    parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    parser.add_argument("--streams", help="concurrency levels, e.g. 1,32,128,256,512")
+    parser.add_argument("--rounds", type=int, help="counted rounds per level and target")
+    parser.add_argument("--ttft-requests", type=int, help="one-stream requests per target")
+    parser.add_argument("--recoveries", type=int, help="seam measurements per gateway")
+    parser.add_argument("--out", type=Path, help="results directory (default bench/results)")
+    parser.add_argument(
+        "--publish", action="store_true", help="also write the tables into BENCHMARKS.md"
+    )
+    parser.add_argument(
+        "--litellm-venv",
+        type=Path,
+        default=ROOT / "bench" / ".venv-litellm",
+        help=argparse.SUPPRESS,
+    )
+    return parser.parse_args()
+
+
+def plan(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    levels = args.streams or ("1,8" if quick else "1,32,128,256,512")
+    return {
+        "levels": [int(n) for n in levels.split(",")],
+        "rounds": args.rounds or (1 if quick else 3),
+        "warmup": 0 if quick else 1,
+        "ttft_requests": args.ttft_requests or (20 if quick else 500),
+        "ttft_block": 10 if quick else 50,
+        "nonstream_workers": 8 if quick else 64,
+        "nonstream_each": 2 if quick else 40,
+        "nonstream_rounds": 1 if quick else 3,
+        "recoveries": args.recoveries or (3 if quick else 200),
+    }
+
+
+async def measure(
+    targets: list[Target], chaos: Target, roles: Roles, p: dict[str, Any]
+) -> dict[str, Any]:
+    # Connections stay open across phases, as an SDK's pool keeps them.
+    out: dict[str, Any] = {}
+    out["ttft"] = await workloads.ttft(targets, p["ttft_requests"], p["ttft_block"])
+    idle = {t.name: sum(memory_kb(pid, "VmRSS") for pid in t.proxy) for t in targets if t.proxy}
+    out["concurrency"] = await workloads.concurrency(
+        targets, p["levels"], p["rounds"], p["warmup"], roles
+    )
+    out["nonstream"] = await workloads.nonstream(
+        targets, p["nonstream_workers"], p["nonstream_each"], p["nonstream_rounds"]
+    )
+    gateways = [t for t in targets if t.name in GATEWAYS]
+    out["seam"] = await workloads.seam(gateways, chaos, p["recoveries"])
+    top = str(max(p["levels"]))
+    out["resources"] = {}
+    for name, kb in idle.items():
+        row = out["concurrency"][name][top]
+        loaded = row.pop("rss_kb")
+        out["resources"][name] = {
+            "cpu_s_per_1000_chunks": row["cpu_s_per_1000_chunks"],
+            "rss_idle_mb": kb / 1024,
+            "rss_loaded_mb": loaded / 1024 if loaded else None,
+            "streams": int(top),
+            "rss_per_stream_kb": (loaded - kb) / int(top) if loaded else None,
+        }
+    out["stall_free"] = {
+        name: workloads.stall_free(rows) for name, rows in out["concurrency"].items()
+    }
+    for connection in [c for t in [*targets, chaos] for c in t.pool]:
+        await connection.close()
+    return out
+
+
+def targets_met(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, judged on the default gateway (in-memory checkpoints)."""
+    rows: list[dict[str, Any]] = []
+
+    def check(name: str, target: str, value: float | None, limit: float, unit: str = "") -> None:
+        below = target.startswith("≤")
+        met = value is not None and (value <= limit if below else value >= limit)
+        measured = "not measured" if value is None else f"{value:.3g}{unit}"
+        rows.append({"name": name, "target": target, "measured": measured, "met": met})
+
+    ttft, levels = results["ttft"], results["concurrency"]
+    ours = "memory"
+    one = ttft.get(ours, {})
+    check("Added TTFT p50, one stream", "≤ 1 ms", one.get("added_p50"), 1.0, " ms")
+    check("Added TTFT p99, one stream", "≤ 2 ms", one.get("added_p99"), 2.0, " ms")
+    at = levels.get(ours, {}).get("256", {})
+    check("Frames/s vs direct, 256 streams", "≥ 0.97×", at.get("vs_direct"), 0.97, "×")
+    check("Added gap p99, 256 streams", "≤ 5 ms", at.get("added_gap_p99"), 5.0, " ms")
+    check("Streams with a gap > 40 ms, 256 streams", "≤ 0", at.get("stalled"), 0)
+    check("Errors, 256 streams", "≤ 0", at.get("errors"), 0)
+    off, redis = levels.get("off", {}).get("256", {}), levels.get("redis", {}).get("256", {})
+    ratio = (
+        redis["frames_per_s"] / off["frames_per_s"]
+        if redis.get("frames_per_s") and off.get("frames_per_s")
+        else None
+    )
+    check("Redis frames/s vs off, 256 streams", "≥ 0.9×", ratio, 0.9, "×")
+    moved = workloads.minus(ttft.get("redis", {}).get("p99"), ttft.get("off", {}).get("p99"))
+    check("Redis TTFT p99 moves (vs off)", "≤ 0.5 ms", None if moved is None else abs(moved), 0.5)
+    peer = results["stall_free"].get("litellm")
+    mine = results["stall_free"].get(ours)
+    stall_ratio = mine / peer if mine is not None and peer else None
+    check("Stall-free concurrency vs LiteLLM", "≥ 5×", stall_ratio, 5.0, "×")
+    for q in ("p50", "p99"):
+        theirs = ttft.get("litellm", {}).get(f"added_{q}")
+        value = one.get(f"added_{q}") / theirs if theirs and one.get(f"added_{q}") else None
+        check(f"Added TTFT {q} vs LiteLLM", "≤ 0.25×", value, 0.25, "×")
+    rss = results["resources"].get(ours, {}).get("rss_per_stream_kb")
+    check("RSS per concurrent stream", "≤ 64 KB", rss, 64.0, " KB")
+    for q in ("p50", "p99"):
+        excess = results["seam"].get(ours, {}).get(f"excess_{q}")
+        check(f"Seam {q} minus new leg's TTFT {q}", "≤ 5 ms", excess, 5.0, " ms")
+    return rows
+
+
+def headroom_notes(results: dict[str, Any]) -> list[str]:
+    """How busy the harness was: a saturated client or upstream would cap every target."""
+    notes, worst = [], (0.0, "", "")
+    for name, rows in results["concurrency"].items():
+        for n, row in rows.items():
+            pct = row["cpu_pct"]
+            harness = pct.get("upstream", 0) + pct.get("client", 0) + pct.get("redis", 0)
+            worst = max(worst, (harness, name, n))
+    notes.append(
+        f"Harness headroom: the client, upstream and redis-server together used at most "
+        f"{worst[0]:.0f}% of their core (target {worst[1]}, {worst[2]} streams)."
+    )
+    if worst[0] > HEADROOM:
+        notes.append(f"WARNING: above {HEADROOM:.0f}%: the harness may be the bottleneck.")
+    return notes
+
+
+def publish(markdown: str) -> None:
+    """Replace the generated section of BENCHMARKS.md (between its markers)."""
+    path = ROOT / "BENCHMARKS.md"
+    begin, end = "<!-- results: begin -->", "<!-- results: end -->"
+    text = path.read_text()
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    if not rest:
+        raise SystemExit(f"{path} has no {begin} marker")
+    path.write_text(f"{head}{begin}\n{markdown.strip()}\n{end}{tail}")
+
+
+def main() -> int:
+    args = parse_args()
+    p = plan(args)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server not found on PATH")
+    pin = not args.no_pin and (os.cpu_count() or 1) >= 2
+    harness_cpu, proxy_cpu = ("0", "1") if pin else (None, None)
+    if pin:
+        os.sched_setaffinity(0, {0})
+    names = ["direct", *GATEWAYS] + ([] if args.no_litellm else ["litellm"])
+    litellm_exe = None if args.no_litellm else litellm.ensure(args.litellm_venv)
+
+    started = time.monotonic()
+    roles_ = ("bench", "chaos", "redis-server", *names[1:])
+    ports = dict(zip(roles_, free_ports(len(roles_)), strict=True))
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        logs = Path(tmp)
+
+        def start(
+            name: str, argv: list[str], cpus: str | None, env: dict[str, str] | None = None
+        ) -> subprocess.Popen[bytes]:
+            return stack.enter_context(spawned(pinned(argv, cpus), env, logs / f"{name}.log"))
+
+        py = sys.executable
+        bench = start(
+            "bench", [py, "-m", "bench.upstream", "--port", str(ports["bench"])], harness_cpu
+        )
+        chaos = start(
+            "chaos", [str(BIN), "chaos-upstream", "--port", str(ports["chaos"])], harness_cpu
+        )
+        redis = start(
+            "redis-server",
+            [
+                "redis-server",
+                "--port",
+                str(ports["redis-server"]),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ]
+            + ["--appendonly", "no", "--dir", tmp, "--loglevel", "warning"],
+            harness_cpu,
+        )
+        proxies = {}
+        for name in GATEWAYS:
+            config = logs / f"{name}.yaml"
+            state = STATES[name].format(redis=f"redis://127.0.0.1:{ports['redis-server']}/0")
+            config.write_text(
+                GATEWAY_CONFIG.format(bench=ports["bench"], chaos=ports["chaos"], state=state)
+            )
+            argv = [str(BIN), "serve", "--config", str(config), "--port", str(ports[name])]
+            proxies[name] = start(name, [*argv, "--log-level", "warning"], proxy_cpu)
+        if litellm_exe is not None:
+            config = logs / "litellm.yaml"
+            config.write_text(
+                litellm.config(f"http://127.0.0.1:{ports['bench']}/v1", workloads.MODELS)
+            )
+            env = os.environ | litellm.ENV
+            argv = litellm.command(litellm_exe, config, ports["litellm"])
+            proxies["litellm"] = start("litellm", argv, proxy_cpu, env)
+        # Everything spawned before any probe: a probe's outgoing connection takes an
+        # ephemeral port, which could be one a process has yet to bind.
+        wait_ready(
+            redis, redis_ok(ports["redis-server"]), "redis-server", log=logs / "redis-server.log"
+        )
+        wait_ready(bench, http_ok(f"http://127.0.0.1:{ports['bench']}/v1/models"), "bench upstream")
+        wait_ready(chaos, http_ok(f"http://127.0.0.1:{ports['chaos']}/v1/models"), "chaos upstream")
+        for name, proc in proxies.items():
+            path = litellm.READY_PATH if name == "litellm" else "/readyz"
+            probe = http_ok(f"http://127.0.0.1:{ports[name]}{path}")
+            wait_ready(proc, probe, name, timeout=120, log=logs / f"{name}.log")
+        ready = time.monotonic()
+
+        targets = [Target("direct", ports["bench"])]
+        for name, proc in proxies.items():
+            targets.append(
+                Target(
+                    name, ports[name], tree(proc.pid), litellm.HEADERS if name == "litellm" else {}
+                )
+            )
+        roles = Roles(
+            upstream=[bench.pid],
+            redis=[redis.pid],
+            everything=[
+                os.getpid(),
+                bench.pid,
+                chaos.pid,
+                redis.pid,
+                *(pid for t in targets for pid in t.proxy),
+            ],
+        )
+        results = uvloop.run(measure(targets, Target("chaos", ports["chaos"]), roles, p))
+
+    results["configs"] = names
+    results["labels"] = {name: LABELS[name] for name in names}
+    results["targets"] = targets_met(results)
+    now = datetime.datetime.now(datetime.UTC)
+    command = "python -m bench " + shlex.join(sys.argv[1:])
+    results["meta"] = {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command.strip(),
+        "quick": args.quick,
+        "machine": machine(),
+        "commit": commit(),
+        "pinning": (
+            "harness (client, upstreams, redis-server) on CPU 0; each proxy on CPU 1"
+            if pin
+            else "none"
+        ),
+        "litellm": None if args.no_litellm else litellm.VERSION,
+        "plan": p,
+        "runtime_s": time.monotonic() - started,
+        "startup_s": ready - started,
+        "notes": headroom_notes(results),
+    }
+    out = args.out or ROOT / "bench" / "results" / ("quick" if args.quick else "")
+    paths = report.write(results, out)
+    markdown = report.markdown(results)
+    print(markdown)
+    print("\nwrote " + ", ".join(str(path) for path in paths))
+    if args.publish:
+        publish(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:  # the processes are already cleaned up
+        raise SystemExit(130) from None

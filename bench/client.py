@@ -1,0 +1,138 @@
+"""The benchmark client: keep-alive HTTP/1.1 connections that time every content delta.
+
+Light on purpose (raw asyncio streams on uvloop, one orjson parse per SSE data
+line), so the client is not what a benchmark measures. A ``Connection`` sends one
+request at a time and is reused, as an SDK client's pool would; it reconnects
+when the server closed it or a request failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import orjson
+
+TIMEOUT = 60.0
+
+
+@dataclass
+class Result:
+    """One request: when it was sent, when each content delta arrived, and what went wrong."""
+
+    started: float
+    times: list[float] = field(default_factory=list)  # perf_counter of each content delta
+    done: bool = False  # [DONE] (streams) or a whole completion arrived
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.times[0] - self.started if self.times else None
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+
+    def check(self, deltas: int) -> None:
+        """Mark the result failed unless all ``deltas`` content deltas and the end arrived."""
+        if self.error is None and not self.done:
+            self.error = "the response ended early"
+        elif self.error is None and len(self.times) != deltas:
+            self.error = f"{len(self.times)} of {deltas} content deltas"
+
+
+def has_content(chunk: dict[str, object]) -> bool:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    delta = choices[0].get("delta") or {}
+    return bool(delta.get("content"))
+
+
+class Connection:
+    def __init__(self, host: str, port: int, path: str, headers: dict[str, str]) -> None:
+        self._host, self._port = host, port
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self._head = (
+            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+            f"{extra}content-length: "
+        ).encode()
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def connect(self) -> None:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
+
+    async def close(self) -> None:
+        writer, self._reader, self._writer = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def request(self, body: bytes, *, stream: bool) -> Result:
+        """Send one request; never raises (a failure is the result's ``error``)."""
+        result = Result(time.perf_counter())
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                await self.connect()
+                assert self._reader is not None and self._writer is not None
+                result.started = time.perf_counter()
+                self._writer.write(self._head + b"%d\r\n\r\n%b" % (len(body), body))
+                keep = await self._response(self._reader, result, stream)
+        except Exception as exc:  # noqa: BLE001 - a failed request is a counted error
+            result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            keep = False
+        if not keep:
+            await self.close()
+        return result
+
+    async def _response(self, reader: asyncio.StreamReader, result: Result, stream: bool) -> bool:
+        """Read one response into ``result``; True if the connection can be reused."""
+        head = (await reader.readuntil(b"\r\n\r\n")).lower()
+        status = head.split(b" ", 2)[1]
+        keep = b"\r\nconnection: close" not in head
+        if b"\r\ntransfer-encoding: chunked" in head:
+            body = _chunked(reader)
+        else:
+            at = head.index(b"\r\ncontent-length:") + 17
+            body = _whole(reader, int(head[at : head.index(b"\r\n", at)]))
+        if status != b"200":
+            content = b"".join([part async for part in body])
+            result.error = f"HTTP {status.decode()}: {content[:200].decode(errors='replace')}"
+            return keep
+        if not stream:
+            document = orjson.loads(b"".join([part async for part in body]))
+            if document["choices"][0]["message"]["content"]:
+                result.times.append(time.perf_counter())
+                result.done = True
+            return keep
+        pending = b""
+        async for part in body:
+            *lines, pending = (pending + part).split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    result.done = True
+                elif has_content(orjson.loads(data)):
+                    result.times.append(time.perf_counter())
+        return keep
+
+
+async def _chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        data = await reader.readexactly(size + 2)
+        if size == 0:
+            return
+        yield data[:-2]
+
+
+async def _whole(reader: asyncio.StreamReader, length: int) -> AsyncIterator[bytes]:
+    yield await reader.readexactly(length)

@@ -1,0 +1,369 @@
+"""The workloads, each run side by side over every target in rotating order.
+
+Rotating order cancels machine drift: in round r the targets run starting from
+target r mod n, so each runs first, second, ... equally often. Every request of
+a workload goes through ``bench.client``; its CPU accounting reads /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from bench.client import Connection, Result
+from bench.procs import cpu_seconds, machine_busy, memory_kb
+
+CHUNKS, PACE_MS = 64, 20  # the concurrent-streams workload
+STALL = 0.040  # a gap longer than this is a stall
+TTFT_CHUNKS = 4  # the one-stream TTFT workload: a short answer, no pacing
+NONSTREAM_CHUNKS = 16  # the non-streaming workload's answer, in tokens
+MS = 1000.0
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    proxy: list[int] = field(default_factory=list)  # its process tree ([] for direct)
+    headers: dict[str, str] = field(default_factory=dict)
+    pool: list[Connection] = field(default_factory=list)
+
+    def connections(self, count: int, path: str = "/v1/chat/completions") -> list[Connection]:
+        while len(self.pool) < count:
+            self.pool.append(Connection("127.0.0.1", self.port, path, self.headers))
+        return self.pool[:count]
+
+
+@dataclass
+class Roles:
+    """The benchmark's processes by role, for CPU accounting."""
+
+    upstream: list[int]
+    redis: list[int]
+    everything: list[int]  # every process of the benchmark, idle proxies too
+
+    def cpu(self, target: Target) -> dict[str, float]:
+        roles = {
+            "proxy": target.proxy,
+            "upstream": self.upstream,
+            "client": [os.getpid()],
+            "redis": self.redis,
+        }
+        readings = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
+        readings["other"] = machine_busy() - sum(map(cpu_seconds, self.everything))
+        return readings
+
+
+def model(chunks: int, pace_ms: int) -> str:
+    """The bench upstream's model name for an answer of ``chunks`` deltas ``pace_ms`` apart."""
+    return f"bench-{chunks}x{pace_ms}ms"
+
+
+MODELS = (model(TTFT_CHUNKS, 0), model(CHUNKS, PACE_MS), model(NONSTREAM_CHUNKS, 0))
+
+
+def body(model: str, stream: bool, **extra: Any) -> bytes:
+    return orjson.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream} | extra
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ms(value: float | None) -> float | None:
+    return None if value is None else value * MS
+
+
+def minus(value: Any, reference: Any) -> float | None:
+    """``value - reference``, or None when either was not measured."""
+    if value is None or reference is None:
+        return None
+    return float(value) - float(reference)
+
+
+def rotations(targets: Sequence[Target], rounds: int, warmup: int) -> Iterator[tuple[int, Target]]:
+    """(round, target) pairs, warm-up rounds numbered below 0."""
+    for r in range(-warmup, rounds):
+        shift = r % len(targets)
+        for target in [*targets[shift:], *targets[:shift]]:
+            yield r, target
+
+
+async def connect_all(connections: Sequence[Connection]) -> None:
+    """Open connections before a timed round (keep-alive clients have them open)."""
+    await asyncio.gather(*(c.connect() for c in connections))
+
+
+def errors(results: Sequence[Result]) -> list[str]:
+    return [r.error for r in results if r.error is not None]
+
+
+# ---------------------------------------------------------------- one stream: TTFT
+
+
+async def ttft(targets: Sequence[Target], requests: int, block: int) -> dict[str, dict[str, Any]]:
+    """``requests`` sequential streams per target, in blocks of ``block`` that rotate."""
+    payload = body(model(TTFT_CHUNKS, 0), True)
+    samples: dict[str, list[float]] = {t.name: [] for t in targets}
+    failed: dict[str, list[str]] = {t.name: [] for t in targets}
+    for r, target in rotations(targets, -(-requests // block), 1):
+        (connection,) = target.connections(1)
+        for _ in range(block):
+            result = await connection.request(payload, stream=True)
+            result.check(TTFT_CHUNKS)
+            if r < 0:
+                continue
+            if result.error is not None:
+                failed[target.name].append(result.error)
+            elif result.ttft is not None:
+                samples[target.name].append(result.ttft)
+    out = {}
+    for name, values in samples.items():
+        out[name] = {
+            "n": len(values),
+            "p50": ms(percentile(values, 0.5)),
+            "p99": ms(percentile(values, 0.99)),
+            "errors": len(failed[name]),
+            "error_examples": sorted(set(failed[name]))[:3],
+        }
+    return added(out, ("p50", "p99"))
+
+
+def added(table: dict[str, dict[str, Any]], keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Add ``added_<key>``: the value minus direct's."""
+    base = table.get("direct", {})
+    for row in table.values():
+        for key in keys:
+            row[f"added_{key}"] = minus(row.get(key), base.get(key))
+    return table
+
+
+# ---------------------------------------------------------------- N concurrent streams
+
+
+@dataclass
+class Sweep:
+    """Tallies of one target at one concurrency, over its counted rounds."""
+
+    rates: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    stalled: int = 0
+    streams: int = 0
+    chunks: int = 0
+    errors: list[str] = field(default_factory=list)
+    wall: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+    rss_kb: int = 0  # the proxy's largest RSS sampled mid-round
+
+    def add(self, results: Sequence[Result], wall: float, cpu: dict[str, float]) -> None:
+        chunks = sum(len(r.times) for r in results)
+        self.rates.append(chunks / wall)
+        self.chunks += chunks
+        self.streams += len(results)
+        self.wall += wall
+        self.errors += errors(results)
+        for r in results:
+            gaps = r.gaps
+            self.gaps += gaps
+            self.stalled += any(g > STALL for g in gaps)
+            if r.ttft is not None:
+                self.ttfts.append(r.ttft)
+        for role, seconds in cpu.items():
+            self.cpu[role] = self.cpu.get(role, 0.0) + seconds
+
+    def summary(self, streams: int, rounds: int) -> dict[str, Any]:
+        per_k = self.cpu.get("proxy", 0.0) * 1000 / self.chunks if self.chunks else None
+        return {
+            "streams": streams,
+            "rounds": rounds,
+            "frames_per_s": statistics.mean(self.rates) if self.rates else None,
+            "gap_p50": ms(percentile(self.gaps, 0.5)),
+            "gap_p99": ms(percentile(self.gaps, 0.99)),
+            "stalled": self.stalled,
+            "total_streams": self.streams,
+            "errors": len(self.errors),
+            "error_examples": sorted(set(self.errors))[:3],
+            "ttft_p50": ms(percentile(self.ttfts, 0.5)),
+            "ttft_p99": ms(percentile(self.ttfts, 0.99)),
+            "cpu_s_per_1000_chunks": per_k,
+            "cpu_pct": {role: 100 * s / self.wall for role, s in self.cpu.items()},
+            "rss_kb": self.rss_kb or None,
+        }
+
+
+async def sample_rss(target: Target, after: float, into: Sweep) -> None:
+    """The proxy's RSS once the round's streams are all open."""
+    await asyncio.sleep(after)
+    if target.proxy:
+        into.rss_kb = max(into.rss_kb, sum(memory_kb(pid, "VmRSS") for pid in target.proxy))
+
+
+async def concurrency(
+    targets: Sequence[Target], levels: Sequence[int], rounds: int, warmup: int, roles: Roles
+) -> dict[str, dict[str, dict[str, Any]]]:
+    payload = body(model(CHUNKS, PACE_MS), True)
+    table: dict[str, dict[str, dict[str, Any]]] = {t.name: {} for t in targets}
+    for n in levels:
+        sweeps = {t.name: Sweep() for t in targets}
+        for r, target in rotations(targets, rounds, warmup):
+            connections = target.connections(n)
+            await connect_all(connections)
+            before = roles.cpu(target)
+            sweep = sweeps[target.name]
+            rss = asyncio.create_task(sample_rss(target, CHUNKS * PACE_MS / MS / 2, sweep))
+            started = time.perf_counter()
+            results = await asyncio.gather(*(c.request(payload, stream=True) for c in connections))
+            wall = time.perf_counter() - started
+            await rss
+            after = roles.cpu(target)
+            for result in results:
+                result.check(CHUNKS)
+            if r >= 0:
+                sweep.add(results, wall, {k: after[k] - before[k] for k in after})
+        base = sweeps.get("direct")
+        for name, sweep in sweeps.items():
+            row = sweep.summary(n, rounds)
+            reference = base.summary(n, rounds) if base is not None else {}
+            ratio = reference.get("frames_per_s")
+            row["vs_direct"] = row["frames_per_s"] / ratio if ratio else None
+            for key in ("gap_p50", "gap_p99", "ttft_p50", "ttft_p99"):
+                row[f"added_{key}"] = minus(row[key], reference.get(key))
+            table[name][str(n)] = row
+    return table
+
+
+def stall_free(rows: dict[str, dict[str, Any]]) -> int:
+    """The largest N such that every N up to it ran with no stall and no error."""
+    best = 0
+    for n in sorted(rows, key=int):
+        if rows[n]["stalled"] or rows[n]["errors"] or not rows[n]["total_streams"]:
+            break
+        best = int(n)
+    return best
+
+
+# ---------------------------------------------------------------- non-streaming
+
+
+async def nonstream(
+    targets: Sequence[Target], workers: int, each: int, rounds: int
+) -> dict[str, dict[str, Any]]:
+    payload = body(model(NONSTREAM_CHUNKS, 0), False)
+    rates: dict[str, list[float]] = {t.name: [] for t in targets}
+    latencies: dict[str, list[float]] = {t.name: [] for t in targets}
+    failed: dict[str, list[str]] = {t.name: [] for t in targets}
+
+    async def worker(connection: Connection, into: list[Result]) -> None:
+        for _ in range(each):
+            result = await connection.request(payload, stream=False)
+            result.check(1)
+            into.append(result)
+
+    for r, target in rotations(targets, rounds, 1):
+        connections = target.connections(workers)
+        await connect_all(connections)
+        results: list[Result] = []
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(c, results) for c in connections))
+        wall = time.perf_counter() - started
+        if r < 0:
+            continue
+        good = [x for x in results if x.error is None]
+        rates[target.name].append(len(good) / wall)
+        latencies[target.name] += [x.times[0] - x.started for x in good]
+        failed[target.name] += errors(results)
+    direct = statistics.mean(rates["direct"]) if rates.get("direct") else None
+    out = {}
+    for name, values in rates.items():
+        rate = statistics.mean(values) if values else None
+        out[name] = {
+            "concurrency": workers,
+            "requests": len(latencies[name]) + len(failed[name]),
+            "req_per_s": rate,
+            "vs_direct": rate / direct if rate is not None and direct else None,
+            "p50": ms(percentile(latencies[name], 0.5)),
+            "p99": ms(percentile(latencies[name], 0.99)),
+            "errors": len(failed[name]),
+            "error_examples": sorted(set(failed[name]))[:3],
+        }
+    return out
+
+
+# ---------------------------------------------------------------- recoveries: seam latency
+
+
+SEAM_TEXT, SEAM_AT = 40, 20
+
+
+async def seam(
+    targets: Sequence[Target], chaos: Target, recoveries: int
+) -> dict[str, dict[str, Any]]:
+    """Fault to first spliced delta, against the continuation's TTFT sent directly.
+
+    Each stream is 40 deltas written at once and reset (TCP RST) after the 20th;
+    the gateway's route for ``chaos:*`` retries with no backoff, so the seam is
+    detection + the new leg's time to first delta + the gateway's own work. After
+    each recovery the same continuation request (the answer so far as an assistant
+    message) goes to the chaos upstream directly: its TTFT is the baseline.
+    """
+    from gateway.chaos import expected_answer
+
+    seams: dict[str, list[float]] = {t.name: [] for t in targets}
+    legs: dict[str, list[float]] = {t.name: [] for t in targets}
+    failed: dict[str, list[str]] = {t.name: [] for t in targets}
+    (direct,) = chaos.connections(1)
+    for i, (_, target) in enumerate(rotations(targets, recoveries, 0)):
+        # A distinct seed per stream: ``times=1`` counts by the exact model string.
+        spec = f"chaos:text={SEAM_TEXT},seed={i}"
+        (connection,) = target.connections(1)
+        result = await connection.request(
+            body(f"{spec},fault=reset,at={SEAM_AT},times=1", True), stream=True
+        )
+        if result.error is None and (not result.done or len(result.times) <= SEAM_AT):
+            result.error = f"did not recover: {len(result.times)} deltas"
+        if result.error is not None:
+            failed[target.name].append(result.error)
+            continue
+        seams[target.name].append(result.times[SEAM_AT] - result.times[SEAM_AT - 1])
+        answer = expected_answer(spec).text
+        continuation = orjson.dumps(
+            {
+                "model": spec,
+                "messages": [
+                    {"role": "assistant", "content": answer[: len(answer) // 2]},
+                    {"role": "user", "content": "continue"},
+                ],
+                "stream": True,
+            }
+        )
+        leg = await direct.request(continuation, stream=True)
+        if leg.ttft is not None:
+            legs[target.name].append(leg.ttft)
+    out = {}
+    for name in seams:
+        row: dict[str, Any] = {
+            "n": len(seams[name]),
+            "p50": ms(percentile(seams[name], 0.5)),
+            "p99": ms(percentile(seams[name], 0.99)),
+            "leg_ttft_p50": ms(percentile(legs[name], 0.5)),
+            "leg_ttft_p99": ms(percentile(legs[name], 0.99)),
+            "errors": len(failed[name]),
+            "error_examples": sorted(set(failed[name]))[:3],
+        }
+        for q in ("p50", "p99"):
+            row[f"excess_{q}"] = minus(row[q], row[f"leg_ttft_{q}"])
+        out[name] = row
+    return out
