@@ -21,6 +21,7 @@ received bytes forwarded when nothing needs rewriting. No logging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import re
@@ -56,6 +57,16 @@ from gateway.upstream.sse import aiter_data
 logger = logging.getLogger("gateway.run")
 
 _REASONING_MODEL = re.compile(r"(?:^|[^a-z0-9])o[134](?:$|[^0-9])|thinking|reasoning")
+
+
+DRAIN_TIMEOUT = 0.05  # an upstream ends its body right after [DONE], or not at all
+
+
+async def _drain(rest: AsyncIterator[str]) -> None:
+    """Read what follows [DONE] (the end of the chunked body, usually in the same packet)."""
+    with anyio.move_on_after(DRAIN_TIMEOUT), contextlib.suppress(Exception):
+        async for _ in rest:
+            pass
 
 
 def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
@@ -101,6 +112,9 @@ class ChatRun:
         self._plan: Plan | None = None  # None: the original request
         self._plans: list[Plan] = []
         self._response: httpx.Response | None = None
+        # The rest of a response whose [DONE] arrived: read to its end before closing,
+        # so its connection goes back to the pool instead of being torn down.
+        self._after_done: AsyncIterator[str] | None = None
         self._first_event_deadline = 0.0
         self._last_delay = 0.0
         self._restored_legs: frozenset[int] = frozenset()  # usage another replica counted
@@ -237,9 +251,12 @@ class ChatRun:
     async def aclose(self) -> None:
         if self._response is not None:
             response, self._response = self._response, None
+            rest, self._after_done = self._after_done, None
             # Shielded: on client disconnect the surrounding scope is already cancelled,
             # and the upstream connection must still be closed, not leaked.
             with anyio.CancelScope(shield=True):
+                if rest is not None:
+                    await _drain(rest)
                 await response.aclose()
 
     # -- the client stream ----------------------------------------------------------
@@ -392,9 +409,10 @@ class ChatRun:
         assert self._response is not None, "open() first"
         splicer = self.splicer
         received = False
+        events = aiter_data(self._response)
         try:
             async with asyncio.timeout_at(self._first_event_deadline) as first_event:
-                async for data in aiter_data(self._response):
+                async for data in events:
                     event = parse_event(data)
                     if type(event) is Chunk:
                         if not received:
@@ -409,6 +427,7 @@ class ChatRun:
                         fatal = not is_transient_error(event.error)
                         raise self._interrupted(Cause.IN_BAND_ERROR, event.message, fatal=fatal)
                     elif type(event) is Done:
+                        self._after_done = events
                         break
         except TimeoutError:
             raise self._interrupted(Cause.FIRST_BYTE_TIMEOUT) from None

@@ -7,7 +7,9 @@ errors, so handlers never see a transport exception before the stream starts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Mapping
+import socket
+import ssl
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import httpx
@@ -65,17 +67,86 @@ def map_open_errors(upstream: Upstream) -> Iterator[None]:
         raise UpstreamFailure(f"Upstream {upstream.name!r} {what}.") from None
 
 
-class UpstreamClient:
-    def __init__(self, upstreams: Iterable[Upstream], limits: Limits) -> None:
-        self._http = httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=limits.max_connections,
-                max_keepalive_connections=limits.max_keepalive_connections,
+POOLS = 128  # at most; a pool is added only when the ones before it are busy
+POOL_STREAMS = 4  # open responses a pool takes before the next pool is used
+
+
+class _Pool:
+    """One httpx client, and how many of its responses are open."""
+
+    def __init__(self, limits: httpx.Limits, tls: ssl.SSLContext) -> None:
+        self.http = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(
+                verify=tls,
+                limits=limits,
+                # A request's head and body are separate writes: without this,
+                # Nagle's algorithm may hold the body until the head is ACKed.
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             ),
             timeout=None,
         )
+        self.open = 0
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        self.open += 1  # at once: a burst of requests must see each other
+        try:
+            response = await self.http.send(request, stream=True)
+        except BaseException:
+            self.open -= 1
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _Counted(response.stream, self)
+        return response
+
+
+class _Counted(httpx.AsyncByteStream):
+    """A response body that tells its pool when it is closed."""
+
+    def __init__(self, body: httpx.AsyncByteStream, pool: _Pool) -> None:
+        self._body = body
+        self._pool: _Pool | None = pool
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._body.__aiter__()
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            self._pool.open -= 1
+            self._pool = None
+        await self._body.aclose()
+
+
+class UpstreamClient:
+    def __init__(self, upstreams: Iterable[Upstream], limits: Limits) -> None:
+        # httpcore's pool scans every connection it holds (with a poll() of each
+        # idle one) on each request and each release: O(N^2) over N concurrent
+        # streams (encode/httpcore#1035). With keep-alive at 256 streams the scans
+        # stretched request starts to over a second (bench/, BENCHMARKS.md). So
+        # requests go to the first of several small pools with room: a quiet
+        # gateway uses one pool (and reuses its connections); a busy one spreads.
+        shards = min(POOLS, limits.max_connections)
+        self._limits = httpx.Limits(
+            max_connections=-(-limits.max_connections // shards),
+            max_keepalive_connections=min(
+                limits.max_keepalive_connections,
+                max(POOL_STREAMS, -(-limits.max_keepalive_connections // shards)),
+            ),
+        )
+        self._shards = shards
+        self._pools: list[_Pool] = []
+        # One TLS context for all pools: each loads the CA bundle, milliseconds apiece.
+        self._tls = httpx.create_ssl_context()
         # The static part of each upstream's headers, built once.
         self._headers = {u.name: self._static_headers(u) for u in upstreams}
+
+    def _pool(self) -> _Pool:
+        for pool in self._pools:
+            if pool.open < POOL_STREAMS:
+                return pool
+        if len(self._pools) < self._shards:
+            self._pools.append(_Pool(self._limits, self._tls))
+            return self._pools[-1]
+        return min(self._pools, key=lambda pool: pool.open)
 
     @staticmethod
     def _static_headers(upstream: Upstream) -> dict[str, str]:
@@ -114,7 +185,8 @@ class UpstreamClient:
         headers["accept"] = "text/event-stream"
         # Compression would make proxies and the decoder buffer small SSE frames.
         headers["accept-encoding"] = "identity"
-        request = self._http.build_request(
+        pool = self._pool()
+        request = pool.http.build_request(
             "POST",
             upstream.root + "/chat/completions",
             content=body,
@@ -123,7 +195,7 @@ class UpstreamClient:
         )
         with map_open_errors(upstream):
             async with asyncio.timeout(upstream.timeouts.first_byte):
-                response = await self._http.send(request, stream=True)
+                response = await pool.send(request)
             if response.status_code >= 400:
                 try:
                     content = await response.aread()
@@ -145,7 +217,8 @@ class UpstreamClient:
         content: bytes,
     ) -> httpx.Response:
         """Send any other request through unchanged; the response is returned open."""
-        request = self._http.build_request(
+        pool = self._pool()
+        request = pool.http.build_request(
             method,
             upstream.root + path_and_query,
             content=content,
@@ -154,7 +227,8 @@ class UpstreamClient:
         )
         with map_open_errors(upstream):
             async with asyncio.timeout(upstream.timeouts.first_byte):
-                return await self._http.send(request, stream=True)
+                return await pool.send(request)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.http.aclose()

@@ -9,8 +9,9 @@ import openai
 import pytest
 from openai import OpenAI
 
-from gateway.chaos import ChaosUpstream, expected_answer
+from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 from tests.api.streams import MESSAGES, Received, receive, stream_chat
+from tests.processes import wait_until
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
 
@@ -148,3 +149,17 @@ def test_client_disconnect_closes_the_upstream_once_the_detach_grace_ends(
             assert time.monotonic() < deadline, "the upstream stream was left open"
             time.sleep(0.02)
         assert gateway.metrics.detached_cancelled._value.get() == 1
+
+
+def test_upstream_connections_are_kept_alive_between_streams() -> None:
+    # The gateway reads each body to its end after [DONE], so the connection goes
+    # back to the pool; a new TCP (and TLS) handshake per stream costs the client TTFT.
+    with running_chaos_upstream() as upstream:
+        with (
+            running_gateway(gateway_config(upstream.base_url)) as gateway,
+            OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client,
+        ):
+            for seed in range(5):
+                model = f"chaos:text=8,seed={seed}"
+                assert stream_chat(client, model).text == expected_answer(model).text
+                wait_until(lambda: upstream.open_connections == 1, "one upstream connection")
