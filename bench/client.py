@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import orjson
 
 TIMEOUT = 60.0
+STALE = "IncompleteReadError: 0 bytes read"  # closed before any byte of a response
 
 
 @dataclass
@@ -75,7 +76,21 @@ class Connection:
                 await writer.wait_closed()
 
     async def request(self, body: bytes, *, stream: bool) -> Result:
-        """Send one request; never raises (a failure is the result's ``error``)."""
+        """Send one request; never raises (a failure is the result's ``error``).
+
+        As an SDK's pool does, a kept-alive connection the server has closed while
+        it idled (uvicorn closes them after 5 s) is replaced, and a request whose
+        reused connection turns out closed before any response byte is sent again.
+        """
+        if self._reader is not None and self._reader.at_eof():
+            await self.close()
+        reused = self._writer is not None
+        result = await self._attempt(body, stream)
+        if reused and result.error is not None and result.error.startswith(STALE):
+            result = await self._attempt(body, stream)
+        return result
+
+    async def _attempt(self, body: bytes, stream: bool) -> Result:
         result = Result(time.perf_counter())
         try:
             async with asyncio.timeout(TIMEOUT):

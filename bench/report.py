@@ -70,7 +70,7 @@ def _col(key: str, fmt: Callable[[object], str]) -> Cell:
 def _stalled(row: Row) -> str:
     if row.get("stalled") is None:
         return DASH
-    return f"{COUNT(row.get('stalled'))}/{COUNT(row.get('streams'))}"
+    return f"{COUNT(row.get('stalled'))}/{COUNT(row.get('total_streams', row.get('streams')))}"
 
 
 def _loaded(row: Row) -> str:
