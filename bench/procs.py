@@ -144,15 +144,6 @@ def memory_kb(pid: int, field: str) -> int:
     raise LookupError(field)
 
 
-def reset_peak_rss(pid: int) -> bool:
-    """Reset a process's VmHWM to its current RSS (Linux >= 4.0); False if not allowed."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
 def machine() -> str:
     model = "unknown CPU"
     with contextlib.suppress(OSError):

@@ -19,6 +19,7 @@ import orjson
 
 from bench.client import Connection, Result
 from bench.procs import cpu_seconds, machine_busy, memory_kb
+from gateway.chaos import expected_answer
 
 CHUNKS, PACE_MS = 64, 20  # the concurrent-streams workload
 STALL = 0.040  # a gap longer than this is a stall
@@ -35,9 +36,12 @@ class Target:
     headers: dict[str, str] = field(default_factory=dict)
     pool: list[Connection] = field(default_factory=list)
 
-    def connections(self, count: int, path: str = "/v1/chat/completions") -> list[Connection]:
+    def connections(self, count: int) -> list[Connection]:
+        """``count`` keep-alive connections, the same ones from round to round."""
         while len(self.pool) < count:
-            self.pool.append(Connection("127.0.0.1", self.port, path, self.headers))
+            self.pool.append(
+                Connection("127.0.0.1", self.port, "/v1/chat/completions", self.headers)
+            )
         return self.pool[:count]
 
 
@@ -319,8 +323,6 @@ async def seam(
     each recovery the same continuation request (the answer so far as an assistant
     message) goes to the chaos upstream directly: its TTFT is the baseline.
     """
-    from gateway.chaos import expected_answer
-
     seams: dict[str, list[float]] = {t.name: [] for t in targets}
     legs: dict[str, list[float]] = {t.name: [] for t in targets}
     failed: dict[str, list[str]] = {t.name: [] for t in targets}
