@@ -114,6 +114,11 @@ def errors(results: Sequence[Result]) -> list[str]:
     return [r.error for r in results if r.error is not None]
 
 
+def failures(errors: Sequence[str]) -> dict[str, Any]:
+    """A results row's error count, with a few distinct examples."""
+    return {"errors": len(errors), "error_examples": sorted(set(errors))[:3]}
+
+
 # ---------------------------------------------------------------- one stream: TTFT
 
 
@@ -139,8 +144,7 @@ async def ttft(targets: Sequence[Target], requests: int, block: int) -> dict[str
             "n": len(values),
             "p50": ms(percentile(values, 0.5)),
             "p99": ms(percentile(values, 0.99)),
-            "errors": len(failed[name]),
-            "error_examples": sorted(set(failed[name]))[:3],
+            **failures(failed[name]),
         }
     return added(out, ("p50", "p99"))
 
@@ -198,8 +202,7 @@ class Sweep:
             "gap_p99": ms(percentile(self.gaps, 0.99)),
             "stalled": self.stalled,
             "total_streams": self.streams,
-            "errors": len(self.errors),
-            "error_examples": sorted(set(self.errors))[:3],
+            **failures(self.errors),
             "ttft_p50": ms(percentile(self.ttfts, 0.5)),
             "ttft_p99": ms(percentile(self.ttfts, 0.99)),
             "cpu_s_per_1000_chunks": per_k,
@@ -237,14 +240,13 @@ async def concurrency(
                 result.check(CHUNKS)
             if r >= 0:
                 sweep.add(results, wall, {k: after[k] - before[k] for k in after})
-        base = sweeps.get("direct")
-        for name, sweep in sweeps.items():
-            row = sweep.summary(n, rounds)
-            reference = base.summary(n, rounds) if base is not None else {}
-            ratio = reference.get("frames_per_s")
-            row["vs_direct"] = row["frames_per_s"] / ratio if ratio else None
-            for key in ("gap_p50", "gap_p99", "ttft_p50", "ttft_p99"):
-                row[f"added_{key}"] = minus(row[key], reference.get(key))
+        rows = added(
+            {name: sweep.summary(n, rounds) for name, sweep in sweeps.items()},
+            ("gap_p50", "gap_p99", "ttft_p50", "ttft_p99"),
+        )
+        direct = rows.get("direct", {}).get("frames_per_s")
+        for name, row in rows.items():
+            row["vs_direct"] = row["frames_per_s"] / direct if direct else None
             table[name][str(n)] = row
     return table
 
@@ -300,8 +302,7 @@ async def nonstream(
             "vs_direct": rate / direct if rate is not None and direct else None,
             "p50": ms(percentile(latencies[name], 0.5)),
             "p99": ms(percentile(latencies[name], 0.99)),
-            "errors": len(failed[name]),
-            "error_examples": sorted(set(failed[name]))[:3],
+            **failures(failed[name]),
         }
     return out
 
@@ -362,8 +363,7 @@ async def seam(
             "p99": ms(percentile(seams[name], 0.99)),
             "leg_ttft_p50": ms(percentile(legs[name], 0.5)),
             "leg_ttft_p99": ms(percentile(legs[name], 0.99)),
-            "errors": len(failed[name]),
-            "error_examples": sorted(set(failed[name]))[:3],
+            **failures(failed[name]),
         }
         for q in ("p50", "p99"):
             row[f"excess_{q}"] = minus(row[q], row[f"leg_ttft_{q}"])
