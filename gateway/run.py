@@ -62,7 +62,7 @@ _REASONING_MODEL = re.compile(r"(?:^|[^a-z0-9])o[134](?:$|[^0-9])|thinking|reaso
 DRAIN_TIMEOUT = 0.05  # an upstream ends its body right after [DONE], or not at all
 
 
-async def _drain(rest: AsyncIterator[str]) -> None:
+async def _drain(rest: AsyncIterator[bytes]) -> None:
     """Read what follows [DONE] (the end of the chunked body, usually in the same packet)."""
     with anyio.move_on_after(DRAIN_TIMEOUT), contextlib.suppress(Exception):
         async for _ in rest:
@@ -114,7 +114,7 @@ class ChatRun:
         self._response: httpx.Response | None = None
         # The rest of a response whose [DONE] arrived: read to its end before closing,
         # so its connection goes back to the pool instead of being torn down.
-        self._after_done: AsyncIterator[str] | None = None
+        self._after_done: AsyncIterator[bytes] | None = None
         self._first_event_deadline = 0.0
         self._last_delay = 0.0
         self._restored_legs: frozenset[int] = frozenset()  # usage another replica counted

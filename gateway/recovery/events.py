@@ -12,7 +12,7 @@ import orjson
 class Chunk:
     """A ``chat.completion.chunk``; ``data`` is the payload as received, for pass-through."""
 
-    data: str
+    data: bytes
     obj: dict[str, Any]
 
 
@@ -37,7 +37,7 @@ class Done:
 class Malformed:
     """A payload that is not a JSON object; skipped and counted, never fatal."""
 
-    data: str
+    data: bytes
 
 
 Event = Chunk | InBandError | Done | Malformed
@@ -45,8 +45,8 @@ Event = Chunk | InBandError | Done | Malformed
 DONE = Done()
 
 
-def parse_event(data: str) -> Event:
-    if data == "[DONE]":
+def parse_event(data: bytes) -> Event:
+    if data == b"[DONE]":
         return DONE
     try:
         obj = orjson.loads(data)

@@ -202,10 +202,10 @@ class Splicer:
         if finish_reason:
             self._finish(out, finish_reason)
 
-        if self.leg == 0 and out == delta and not usage and "\n" not in chunk.data:
+        if self.leg == 0 and out == delta and not usage and b"\n" not in chunk.data:
             # Nothing to change: the payload as received (a payload that came in several
             # data: lines holds newlines and must be re-encoded to stay one event).
-            return sse(chunk.data.encode())
+            return sse(chunk.data)
         if not out and not finish_reason:
             return None
         return sse(orjson.dumps(self._chunk(out, finish_reason)))

@@ -1,4 +1,4 @@
-"""The one place that speaks HTTP to upstreams: one pooled httpx client per app.
+"""The one place that speaks HTTP to upstreams: httpx requests over one ``Http1Transport``.
 
 Errors from httpx are translated here (``map_open_errors``) into the gateway's own
 errors, so handlers never see a transport exception before the stream starts.
@@ -7,9 +7,7 @@ errors, so handlers never see a transport exception before the stream starts.
 from __future__ import annotations
 
 import asyncio
-import socket
-import ssl
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import httpx
@@ -18,6 +16,7 @@ from gateway.config import Limits, Upstream
 from gateway.errors import UpstreamFailure, UpstreamTimeout
 from gateway.recovery.classify import Cause, classify_transport_error
 from gateway.upstream.routes import ResolvedLeg
+from gateway.upstream.transport import Http1Transport
 
 # RFC 9110 section 7.6.1 plus the headers httpx sets from the body it sends.
 HOP_BY_HOP = frozenset(
@@ -67,86 +66,35 @@ def map_open_errors(upstream: Upstream) -> Iterator[None]:
         raise UpstreamFailure(f"Upstream {upstream.name!r} {what}.") from None
 
 
-POOLS = 128  # at most; a pool is added only when the ones before it are busy
-POOL_STREAMS = 4  # open responses a pool takes before the next pool is used
-
-
-class _Pool:
-    """One httpx client, and how many of its responses are open."""
-
-    def __init__(self, limits: httpx.Limits, tls: ssl.SSLContext) -> None:
-        self.http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(
-                verify=tls,
-                limits=limits,
-                # A request's head and body are separate writes: without this,
-                # Nagle's algorithm may hold the body until the head is ACKed.
-                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-            ),
-            timeout=None,
-        )
-        self.open = 0
-
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        self.open += 1  # at once: a burst of requests must see each other
-        try:
-            response = await self.http.send(request, stream=True)
-        except BaseException:
-            self.open -= 1
-            raise
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = _Counted(response.stream, self)
-        return response
-
-
-class _Counted(httpx.AsyncByteStream):
-    """A response body that tells its pool when it is closed."""
-
-    def __init__(self, body: httpx.AsyncByteStream, pool: _Pool) -> None:
-        self._body = body
-        self._pool: _Pool | None = pool
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._body.__aiter__()
-
-    async def aclose(self) -> None:
-        if self._pool is not None:
-            self._pool.open -= 1
-            self._pool = None
-        await self._body.aclose()
-
-
 class UpstreamClient:
     def __init__(self, upstreams: Iterable[Upstream], limits: Limits) -> None:
-        # httpcore's pool scans every connection it holds (with a poll() of each
-        # idle one) on each request and each release: O(N^2) over N concurrent
-        # streams (encode/httpcore#1035). With keep-alive at 256 streams the scans
-        # stretched request starts to over a second (bench/, BENCHMARKS.md). So
-        # requests go to the first of several small pools with room: a quiet
-        # gateway uses one pool (and reuses its connections); a busy one spreads.
-        shards = min(POOLS, limits.max_connections)
-        self._limits = httpx.Limits(
-            max_connections=-(-limits.max_connections // shards),
-            max_keepalive_connections=min(
-                limits.max_keepalive_connections,
-                max(POOL_STREAMS, -(-limits.max_keepalive_connections // shards)),
-            ),
+        self._transport = Http1Transport(
+            tls=httpx.create_ssl_context(),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
         )
-        self._shards = shards
-        self._pools: list[_Pool] = []
-        # One TLS context for all pools: each loads the CA bundle, milliseconds apiece.
-        self._tls = httpx.create_ssl_context()
-        # The static part of each upstream's headers, built once.
+        # The static part of each upstream's headers, and its chat URL, built once.
         self._headers = {u.name: self._static_headers(u) for u in upstreams}
+        self._chat_urls = {u.name: httpx.URL(u.root + "/chat/completions") for u in upstreams}
 
-    def _pool(self) -> _Pool:
-        for pool in self._pools:
-            if pool.open < POOL_STREAMS:
-                return pool
-        if len(self._pools) < self._shards:
-            self._pools.append(_Pool(self._limits, self._tls))
-            return self._pools[-1]
-        return min(self._pools, key=lambda pool: pool.open)
+    async def _send(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        headers: Mapping[str, str],
+        content: bytes,
+        timeouts: httpx.Timeout,
+        first_byte: float,
+    ) -> httpx.Response:
+        request = httpx.Request(
+            method,
+            url,
+            headers=headers,
+            content=content,
+            extensions={"timeout": timeouts.as_dict()},
+        )
+        async with asyncio.timeout(first_byte):
+            return await self._transport.handle_async_request(request)
 
     @staticmethod
     def _static_headers(upstream: Upstream) -> dict[str, str]:
@@ -185,17 +133,15 @@ class UpstreamClient:
         headers["accept"] = "text/event-stream"
         # Compression would make proxies and the decoder buffer small SSE frames.
         headers["accept-encoding"] = "identity"
-        pool = self._pool()
-        request = pool.http.build_request(
-            "POST",
-            upstream.root + "/chat/completions",
-            content=body,
-            headers=headers,
-            timeout=self.timeout(upstream, idle_timeout),
-        )
         with map_open_errors(upstream):
-            async with asyncio.timeout(upstream.timeouts.first_byte):
-                response = await pool.send(request)
+            response = await self._send(
+                "POST",
+                self._chat_urls[upstream.name],
+                headers,
+                body,
+                self.timeout(upstream, idle_timeout),
+                upstream.timeouts.first_byte,
+            )
             if response.status_code >= 400:
                 try:
                     content = await response.aread()
@@ -217,18 +163,15 @@ class UpstreamClient:
         content: bytes,
     ) -> httpx.Response:
         """Send any other request through unchanged; the response is returned open."""
-        pool = self._pool()
-        request = pool.http.build_request(
-            method,
-            upstream.root + path_and_query,
-            content=content,
-            headers=headers,
-            timeout=self.timeout(upstream, upstream.timeouts.idle),
-        )
         with map_open_errors(upstream):
-            async with asyncio.timeout(upstream.timeouts.first_byte):
-                return await pool.send(request)
+            return await self._send(
+                method,
+                upstream.root + path_and_query,
+                headers,
+                content,
+                self.timeout(upstream, upstream.timeouts.idle),
+                upstream.timeouts.first_byte,
+            )
 
     async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.http.aclose()
+        await self._transport.aclose()

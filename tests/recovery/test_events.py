@@ -4,27 +4,31 @@ from gateway.recovery.events import DONE, Chunk, InBandError, Malformed, parse_e
 
 
 def test_chunk_keeps_its_payload_for_pass_through() -> None:
-    event = parse_event('{"id": "c1", "choices": []}')
+    event = parse_event(b'{"id": "c1", "choices": []}')
     assert isinstance(event, Chunk)
-    assert event.data == '{"id": "c1", "choices": []}'
+    assert event.data == b'{"id": "c1", "choices": []}'
     assert event.obj == {"id": "c1", "choices": []}
 
 
 def test_done_error_and_malformed_payloads() -> None:
-    assert parse_event("[DONE]") is DONE
-    error = parse_event('{"error": {"message": "overloaded", "code": 503}}')
+    assert parse_event(b"[DONE]") is DONE
+    error = parse_event(b'{"error": {"message": "overloaded", "code": 503}}')
     assert isinstance(error, InBandError) and error.message == "overloaded"
-    assert isinstance(parse_event('{"error": "plain text"}'), InBandError)
-    assert isinstance(parse_event('{"choices": ['), Malformed)
-    assert isinstance(parse_event("[1, 2]"), Malformed)
+    assert isinstance(parse_event(b'{"error": "plain text"}'), InBandError)
+    assert isinstance(parse_event(b'{"choices": ['), Malformed)
+    assert isinstance(parse_event(b"[1, 2]"), Malformed)
 
 
 def test_finish_reason_error_is_an_in_band_error() -> None:
-    payload = '{"choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]}'
+    payload = b'{"choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]}'
     assert isinstance(parse_event(payload), InBandError)
 
 
 def test_wrong_shaped_chunks_are_malformed_not_crashes() -> None:
-    assert isinstance(parse_event('{"choices": {"index": 0}}'), Malformed)
-    assert isinstance(parse_event('{"choices": ["x"]}'), Malformed)
-    assert isinstance(parse_event('{"choices": [{"delta": "text"}]}'), Malformed)
+    assert isinstance(parse_event(b'{"choices": {"index": 0}}'), Malformed)
+    assert isinstance(parse_event(b'{"choices": ["x"]}'), Malformed)
+    assert isinstance(parse_event(b'{"choices": [{"delta": "text"}]}'), Malformed)
+
+
+def test_invalid_utf8_is_malformed() -> None:
+    assert isinstance(parse_event(b'{"choices": [], "x": "\xff"}'), Malformed)

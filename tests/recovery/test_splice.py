@@ -31,7 +31,7 @@ def chunk(
     }
     if usage is not None:
         obj["usage"] = usage
-    return Chunk(orjson.dumps(obj).decode(), obj)
+    return Chunk(orjson.dumps(obj), obj)
 
 
 def call(index: int, args: str, call_id: str | None = None, name: str | None = None) -> Any:
@@ -69,7 +69,7 @@ def text_of(chunks: list[dict[str, Any]]) -> str:
 def test_first_leg_chunks_that_need_no_change_pass_as_received() -> None:
     splicer = Splicer(RunAccumulator(), include_usage=False)
     c = chunk({"content": "Hello"})
-    assert splicer.feed(c) == b"data: " + c.data.encode() + b"\n\n"
+    assert splicer.feed(c) == b"data: " + c.data + b"\n\n"
 
 
 def test_one_identity_one_role_and_text_continues_across_legs() -> None:
@@ -221,7 +221,7 @@ def test_a_payload_received_over_several_data_lines_is_re_encoded_as_one() -> No
     splicer = Splicer(RunAccumulator(), include_usage=False)
     obj = {"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
     out = splicer.feed(
-        Chunk('{"id": "c",\n"choices": [{"index": 0, "delta": {"content": "x"}}]}', obj)
+        Chunk(b'{"id": "c",\n"choices": [{"index": 0, "delta": {"content": "x"}}]}', obj)
     )
     assert out is not None and out.count(b"\n") == 2 and out.endswith(b"\n\n")
     assert decode(out)[0]["choices"][0]["delta"] == {"content": "x"}

@@ -1,4 +1,8 @@
-"""The upstream SSE layer, fed raw bytes split at every kind of boundary (no sockets)."""
+"""The upstream SSE layer, fed raw bytes split at every kind of boundary (no sockets).
+
+httpx-sse is the reference: on any body it accepts, the gateway's decoder must
+yield the same data payloads, however the body is cut into reads.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
+import httpx_sse
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -24,14 +29,21 @@ class ChunkedBody(httpx.AsyncByteStream):
             yield part
 
 
-def decode(parts: list[bytes], content_type: str = "text/event-stream") -> list[str]:
-    async def collect() -> list[str]:
+def decode(parts: list[bytes], content_type: str = "text/event-stream") -> list[bytes]:
+    async def collect() -> list[bytes]:
         response = httpx.Response(
             200, headers={"content-type": content_type}, stream=ChunkedBody(parts)
         )
         return [data async for data in aiter_data(response)]
 
     return asyncio.run(collect())
+
+
+def reference(body: bytes) -> list[bytes]:
+    """httpx-sse's reading of a whole body: the data of each event that has some."""
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    events = httpx_sse.EventSource(response).iter_sse()
+    return [event.data.encode() for event in events if event.data]
 
 
 def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
@@ -70,9 +82,33 @@ def test_events_survive_any_chunking_line_ending_and_utf8_split(
     assert [orjson.loads(d) for d in data] == payloads
 
 
+LINES = st.lists(
+    st.one_of(
+        st.sampled_from(["", ":", ": ping", "data", "data:", "data: ", "data:  x", "datum: x"]),
+        st.sampled_from(["event: error", "id: 7", "retry: 10", "data:[DONE]", "event"]),
+        st.builds("data: {}".format, st.text(alphabet=st.characters(codec="utf-8"), max_size=12)),
+        st.builds("data:{}".format, st.text(alphabet="ab :\t", max_size=6)),
+    ),
+    max_size=16,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    lines=LINES,
+    newline=st.sampled_from(["\n", "\r\n", "\r"]),
+    cuts=st.lists(st.integers(min_value=0), max_size=12),
+)
+def test_any_field_mix_decodes_as_httpx_sse_does(
+    lines: list[str], newline: str, cuts: list[int]
+) -> None:
+    body = newline.join(lines).encode()
+    assert decode(split_at(body, cuts)) == reference(body)
+
+
 def test_a_character_split_byte_by_byte_is_joined() -> None:
     body = 'data: {"content": "你好 🌍 👩‍💻"}\n\n'.encode()
-    assert decode([body[i : i + 1] for i in range(len(body))]) == ['{"content": "你好 🌍 👩‍💻"}']
+    assert decode([body[i : i + 1] for i in range(len(body))]) == [body[6:-2]]
 
 
 def test_a_very_long_line_is_one_event() -> None:
@@ -83,15 +119,24 @@ def test_a_very_long_line_is_one_event() -> None:
 
 
 def test_multi_line_data_fields_are_joined_with_newlines() -> None:
-    assert decode([b"data: {\ndata: }\n\n"]) == ["{\n}"]
+    assert decode([b"data: {\ndata: }\n\n"]) == [b"{\n}"]
 
 
 def test_event_cut_off_by_end_of_body_is_not_emitted() -> None:
-    assert decode([b'data: {"a": 1}\n\ndata: {"b":']) == ['{"a": 1}']
+    assert decode([b'data: {"a": 1}\n\ndata: {"b":']) == [b'{"a": 1}']
 
 
 def test_ping_events_without_data_are_skipped() -> None:
-    assert decode([b"event: ping\n\n: comment\n\ndata: [DONE]\n\n"]) == ["[DONE]"]
+    assert decode([b"event: ping\n\n: comment\n\ndata: [DONE]\n\n"]) == [b"[DONE]"]
+
+
+def test_a_leading_byte_order_mark_is_skipped() -> None:
+    assert decode([b"\xef\xbb", b"\xbfdata: 1\n\n"]) == [b"1"]
+    assert decode([b"\xef\xbb\xbfdata: 1\n\n"]) == [b"1"]
+
+
+def test_a_crlf_split_between_reads_is_one_line_end() -> None:
+    assert decode([b"data: 1\r", b"\n\r", b"\ndata: 2\r\r"]) == [b"1", b"2"]
 
 
 def test_non_event_stream_response_is_an_upstream_failure() -> None:

@@ -1,0 +1,360 @@
+"""HTTP/1.1 to upstreams: an httpx transport on asyncio protocols and httptools.
+
+httpx stays the gateway's HTTP API (requests, responses, timeouts, errors); this
+replaces its default engine, httpcore, under it. At 256 concurrent streams
+httpcore's read path (h11, anyio, a timeout scope per read) and its pool (which
+scans every connection on each request, encode/httpcore#1035) took about 70% of
+the gateway's CPU (BENCHMARKS.md, "Profile"). Here:
+
+- a connection is an ``asyncio.Protocol``: httptools (C, the parser uvicorn uses)
+  parses the response as bytes arrive, and the body waits in a list until read;
+- the read timeout is one timer per connection, re-armed when it fires, not a
+  scope per read: it fires only when nothing arrived for ``timeout["read"]``
+  while the reader was waiting;
+- the pool keeps idle connections per origin, most recent first: taking one and
+  giving it back is O(1).
+
+It speaks what the gateway sends upstream: one request at a time per
+connection, with a body of known length; responses with Content-Length, chunked
+or until-close bodies. Errors are httpx's: ``ConnectError``/``ConnectTimeout``,
+``ReadError`` (reset), ``ReadTimeout`` (silence), ``RemoteProtocolError`` (a
+broken or incomplete response), ``PoolTimeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from typing import cast
+
+import httptools
+import httpx
+
+KEEPALIVE_EXPIRY = 5.0  # seconds an idle connection is kept (httpx's default)
+HIGH_WATER = 256 * 1024  # unread body bytes before the socket stops being read
+
+Origin = tuple[bytes, bytes, int]
+_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+
+
+class Http1Transport(httpx.AsyncBaseTransport):
+    def __init__(
+        self,
+        *,
+        tls: ssl.SSLContext,
+        max_connections: int,
+        max_keepalive_connections: int,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY,
+    ) -> None:
+        self._tls = tls
+        self._max_idle = max_keepalive_connections
+        self._expiry = keepalive_expiry
+        self._slots = asyncio.Semaphore(max_connections)  # requests in flight
+        self._idle: dict[Origin, list[_Connection]] = {}  # oldest first
+        self._open: set[_Connection] = set()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout", {})
+        url = request.url
+        scheme = url.raw_scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise httpx.UnsupportedProtocol(f"Unsupported URL scheme {url.scheme!r}.")
+        origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
+        head = _head(request)
+        body = await request.aread()
+        try:
+            async with asyncio.timeout(timeouts.get("pool")):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout("No upstream connection slot became free in time.") from None
+        try:
+            connection = self._checkout(origin) or await self._connect(
+                origin, timeouts.get("connect")
+            )
+            return await connection.send(request, head + body, timeouts.get("read"))
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _checkout(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = asyncio.get_running_loop().time()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < self._expiry:
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, origin: Origin, within: float | None) -> _Connection:
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        connection = _Connection(self, origin)
+        tls = self._tls if scheme == b"https" else None
+        try:
+            async with asyncio.timeout(within):
+                await loop.create_connection(
+                    lambda: connection,
+                    host.decode("ascii"),
+                    port,
+                    ssl=tls,
+                    server_hostname=host.decode("ascii") if tls else None,
+                )
+        except TimeoutError:
+            raise httpx.ConnectTimeout("Timed out connecting to the upstream.") from None
+        except OSError as exc:  # refused, unreachable, DNS, TLS (ssl.SSLError)
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+        self._open.add(connection)
+        return connection
+
+    def _released(self, connection: _Connection, reusable: bool) -> None:
+        """A response was closed: keep its connection for the next request, or close it."""
+        self._slots.release()
+        if not reusable:
+            connection.close()
+            return
+        idle = self._idle.setdefault(connection.origin, [])
+        now = connection.idle_since = asyncio.get_running_loop().time()
+        while idle and (idle[0].closed or now - idle[0].idle_since >= self._expiry):
+            idle.pop(0).close()
+        if len(idle) >= self._max_idle:
+            idle.pop(0).close()
+        idle.append(connection)
+
+    def _forget(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+
+    async def aclose(self) -> None:
+        for connection in list(self._open):
+            connection.close()
+        self._idle.clear()
+
+
+def _head(request: httpx.Request) -> bytes:
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
+    for name, value in request.headers.raw:
+        # httpx checks names; a value must not end the header line (request smuggling).
+        if b"\r" in value or b"\n" in value or b"\0" in value:
+            raise httpx.LocalProtocolError(f"Illegal character in header {name.decode()!r}.")
+        lines.append(b"%s: %s\r\n" % (name, value))
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+class _Connection(asyncio.Protocol):
+    """One upstream connection: one request at a time, its response parsed as it arrives."""
+
+    def __init__(self, pool: Http1Transport, origin: Origin) -> None:
+        self.origin = origin
+        self.closed = False
+        self.idle_since = 0.0
+        self._pool = pool
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        # The response in progress:
+        self._head: asyncio.Future[None] | None = None
+        self._no_body = False  # a response to HEAD
+        self._reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._framed = False  # Content-Length or chunked; else the body ends with the connection
+        self._chunks: list[bytes] = []  # body received, not yet read
+        self._buffered = 0
+        self._paused = False
+        self._complete = False
+        self._keep_alive = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._last = 0.0  # loop time of the last byte received
+        self._read_timeout: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- the request ------------------------------------------------------------------
+
+    async def send(
+        self, request: httpx.Request, data: bytes, read_timeout: float | None
+    ) -> httpx.Response:
+        assert self._transport is not None
+        self._head = self._loop.create_future()
+        self._no_body = request.method == "HEAD"
+        self._reason, self._headers, self._chunks = b"", [], []
+        self._buffered, self._framed, self._complete, self._keep_alive = 0, False, False, False
+        self._error = None
+        self._last = self._loop.time()
+        self._read_timeout = read_timeout
+        self._arm()
+        self._transport.write(data)
+        try:
+            await self._head
+        except BaseException:
+            self.close()  # cancelled (first-byte timeout) or failed before the headers
+            raise
+        return httpx.Response(
+            self._parser.get_status_code(),
+            headers=self._headers,
+            stream=_Body(self),
+            request=request,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": self._reason},
+        )
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """The response body as it arrives: whatever piled up since the last read, joined."""
+        while True:
+            if self._chunks:
+                chunks, self._chunks, self._buffered = self._chunks, [], 0
+                if self._paused and self._transport is not None:
+                    self._paused = False
+                    self._transport.resume_reading()
+                yield chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            elif self._complete:
+                return
+            elif self._error is not None:
+                raise self._error
+            else:
+                self._waiter = self._loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+
+    def release(self) -> None:
+        """The response was closed: give the connection back if its response was whole."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        reusable = self._complete and self._keep_alive and not self.closed and not self._chunks
+        self._pool._released(self, reusable)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self._transport is not None:
+                self._transport.close()
+        self._pool._forget(self)
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's do not subclass it
+
+    def data_received(self, data: bytes) -> None:
+        self._last = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"Invalid HTTP response: {exc}"))
+            self.close()
+            return
+        if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool._forget(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._complete or self._head is None:
+            return  # idle, or its response was already whole
+        if exc is None and self._head.done() and not self._framed:
+            self._complete = True  # the body of an until-close response ends here
+            self._wake()
+        elif isinstance(exc, OSError):
+            self._fail(httpx.ReadError(str(exc) or type(exc).__name__))
+        elif not self._head.done():
+            self._fail(httpx.RemoteProtocolError("Server disconnected without sending a response."))
+        else:
+            self._fail(
+                httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body"
+                )
+            )
+
+    # -- httptools callbacks ----------------------------------------------------------
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+        lowered = name.lower()
+        if lowered == b"content-length" or (
+            lowered == b"transfer-encoding" and b"chunked" in value.lower()
+        ):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status in (204, 304) or 100 <= status < 200:
+            self._framed = True  # no body, whatever the headers say
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
+        if self._no_body:
+            self._complete = True  # HEAD: the parser would wait for a body; never reused
+            self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._keep_alive = self._parser.should_keep_alive() and not self._no_body
+        self._complete = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._wake()
+
+    # -- waking the reader, and the read timeout --------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: Exception) -> None:
+        self._error = error
+        head = self._head
+        if head is not None and not head.done():
+            head.set_exception(error)
+            head.exception()  # retrieved: the sender may have been cancelled meanwhile
+        self._wake()
+
+    def _arm(self) -> None:
+        if self._read_timeout is not None and self._timer is None:
+            self._timer = self._loop.call_at(self._last + self._read_timeout, self._expire)
+
+    def _expire(self) -> None:
+        """No byte for the read timeout: fail the response, unless it is being read."""
+        self._timer = None
+        if self._complete or self.closed or self._read_timeout is None:
+            return
+        if self._chunks or self._loop.time() - self._last < self._read_timeout:
+            if self._chunks:
+                self._last = self._loop.time()  # the reader is behind, not the upstream
+            self._arm()
+            return
+        self._fail(httpx.ReadTimeout("The upstream sent nothing within the read timeout."))
+        self.close()
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, connection: _Connection) -> None:
+        self._connection: _Connection | None = connection
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        assert self._connection is not None, "the response is closed"
+        return self._connection.body()
+
+    async def aclose(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.release()
