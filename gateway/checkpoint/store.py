@@ -65,6 +65,9 @@ class _Run:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+SWEEP_INTERVAL = 1.0
+
+
 class MemoryStore:
     shared = False
 
@@ -72,6 +75,7 @@ class MemoryStore:
         self._runs: dict[str, _Run] = {}
         self._key = secrets.token_bytes(32)
         self._written = asyncio.Event()  # any write: for readers of a run not stored yet
+        self._next_sweep = 0.0
 
     def _get(self, run_id: str) -> _Run | None:
         run = self._runs.get(run_id)
@@ -112,9 +116,12 @@ class MemoryStore:
             watched.append(run.watch_expires > now)
         self._written.set()
         self._written = asyncio.Event()
-        # Lazily forget expired runs so a long-lived process does not grow.
-        for run_id in [k for k, r in self._runs.items() if r.expires <= now]:
-            del self._runs[run_id]
+        if now >= self._next_sweep:
+            # Forget expired runs, so a long-lived process does not grow; once a second,
+            # not per write: finished runs stay for completed_ttl, thousands at load.
+            self._next_sweep = now + SWEEP_INTERVAL
+            for run_id in [k for k, r in self._runs.items() if r.expires <= now]:
+                del self._runs[run_id]
         return watched
 
     async def load(self, run_id: str) -> Checkpoint | None:
