@@ -6,10 +6,10 @@ import time
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from gateway.api.passthrough import forward_json, upstream_error_response
-from gateway.api.runs import STREAM_HEADERS, resume_chat
+from gateway.api.runs import RunStream, resume_chat
 from gateway.context import gateway_of
 from gateway.errors import GatewayError
 from gateway.observe import request_log
@@ -48,11 +48,7 @@ async def chat_completions(request: Request) -> Response:
                 await run.open()
                 # Relayed by its own task: the run outlives this connection (detach).
                 local = gateway.runs.adopt(run, request.headers.get("authorization"))
-            return StreamingResponse(
-                local.attach(0, ids=False),
-                media_type="text/event-stream",
-                headers=STREAM_HEADERS | headers,
-            )
+            return RunStream(local.attach(0, ids=False), headers)
         await run.open()
         completion = await run.collect()
     except UpstreamHTTPError as exc:

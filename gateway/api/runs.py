@@ -15,11 +15,13 @@ Two doors to the same thing (README, "Resuming a stream"):
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Mapping
 
 from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
@@ -30,6 +32,58 @@ STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # sse-starlette ends every EventSourceResponse as soon as uvicorn receives SIGTERM;
 # the drain (Runs.drain) lets these streams finish and ends them itself.
 AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
+
+
+class RunStream(Response):
+    """A chat run's SSE body, sent as the run's log grows, until it ends or the client leaves.
+
+    What Starlette's StreamingResponse does, for less per stream: uvicorn speaks
+    ASGI 2.3, where a send after a disconnect is dropped silently, so
+    StreamingResponse runs the body in an anyio task group beside a second task
+    that waits for the disconnect. Here that wait is one asyncio task whose end
+    cancels the sender. Leaving closes the body at once, which detaches the
+    follower from its run (the run goes on, for a reconnect to find).
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+        self.body_iterator = body
+        self.status_code = 200
+        self.background = None
+        self.init_headers(STREAM_HEADERS | dict(headers))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sender = asyncio.current_task()
+        assert sender is not None
+        finished = False
+
+        def left(_: object) -> None:
+            if not finished:
+                sender.cancel()
+
+        gone = asyncio.ensure_future(_disconnected(receive))
+        gone.add_done_callback(left)
+        body = self.body_iterator
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone.done() or gone.cancelled() or sender.uncancel() > 0:
+                raise  # cancelled from outside, not by the client leaving
+        finally:
+            finished = True
+            gone.cancel()
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def parse_offset(value: str | None, name: str) -> int:
@@ -78,11 +132,7 @@ async def resume_chat(request: Request, gateway: Gateway, run_id: str) -> Respon
     await gateway.read_body(request)  # same limits as any request; the body is not used
     after = parse_offset(request.headers.get("x-resume-from"), "x-resume-from")
     body = await _resume(request, gateway, run_id, after, ids=False)
-    return StreamingResponse(
-        body if body is not None else _empty(),
-        media_type="text/event-stream",
-        headers=STREAM_HEADERS | {"x-run-id": run_id},
-    )
+    return RunStream(body if body is not None else _empty(), {"x-run-id": run_id})
 
 
 async def _empty() -> AsyncIterator[bytes]:

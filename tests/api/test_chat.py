@@ -128,27 +128,29 @@ def test_in_band_error_after_done_is_still_an_error(gateway: RunningGateway) -> 
     assert '"error"' in response.text.rstrip().splitlines()[-1]
 
 
-def test_client_disconnect_closes_the_upstream_once_the_detach_grace_ends(
-    chaos: ChaosUpstream,
-) -> None:
+def test_client_disconnect_closes_the_upstream_once_the_detach_grace_ends() -> None:
     body = {"model": "chaos:text=2000,pace_ms=20,seed=10", "messages": MESSAGES, "stream": True}
-    before = chaos.open_connections
-    config = gateway_config(chaos.base_url, state={"detach_grace": 0.5})
-    with running_gateway(config) as gateway:
-        with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
-            assert chaos.open_connections == before + 1
-        left = time.monotonic()
-        # Detached: the run goes on for the grace period, so a reconnect finds it live…
-        time.sleep(0.3)
-        assert chaos.open_connections == before + 1
-        # …then the gateway hangs up on the upstream (which would go on for 40 s).
-        deadline = left + 2.5
-        while chaos.open_connections > before:
-            assert time.monotonic() < deadline, "the upstream stream was left open"
-            time.sleep(0.02)
-        assert gateway.metrics.detached_cancelled._value.get() == 1
+    # A chaos upstream of its own: the shared one also counts connections that other
+    # tests' gateways are still closing.
+    with running_chaos_upstream() as chaos:
+        config = gateway_config(chaos.base_url, state={"detach_grace": 0.5})
+        with running_gateway(config) as gateway:
+            with httpx.stream(
+                "POST", gateway.base_url + "/chat/completions", json=body
+            ) as response:
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: ")
+                assert chaos.open_connections == 1
+            left = time.monotonic()
+            # Detached: the run goes on for the grace period, so a reconnect finds it live…
+            time.sleep(0.3)
+            assert chaos.open_connections == 1
+            # …then the gateway hangs up on the upstream (which would go on for 40 s).
+            deadline = left + 2.5
+            while chaos.open_connections > 0:
+                assert time.monotonic() < deadline, "the upstream stream was left open"
+                time.sleep(0.02)
+            assert gateway.metrics.detached_cancelled._value.get() == 1
 
 
 def test_upstream_connections_are_kept_alive_between_streams() -> None:
