@@ -161,6 +161,11 @@ class LocalRun:
 
     async def _produce(self, resume: Cause | None) -> None:
         log, every = self.log, self._runs.config.checkpoint_every
+        if not self._runs.shared:
+            # Only this process can read an in-memory store, and while the run lives
+            # its followers read the log itself: the first checkpoint (the record) and
+            # the last (``Runs.ended``) are all a later resume needs.
+            every = 1 << 62
         accumulator = self.run.accumulator
         progress = 0  # content only: the role chunk is not a delta
         self.checkpoint()  # the record, at once: a run is resumable from its start

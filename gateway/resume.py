@@ -321,7 +321,7 @@ class Runs:
         if running:
             logger.warning(
                 "drain timeout: stopping runs",
-                extra={"runs": len(running), "resumable": self._resumable_elsewhere},
+                extra={"runs": len(running), "resumable": self.shared},
             )
             for local in list(self.local.values()):
                 local.stop()
@@ -331,12 +331,13 @@ class Runs:
         return [local.task for local in self.local.values() if not local.task.done()]
 
     @property
-    def _resumable_elsewhere(self) -> bool:
+    def shared(self) -> bool:
+        """Other replicas read this process's checkpoints (a Redis store)."""
         return self.store is not None and self.store.shared
 
     def shutdown_event(self, run_id: str) -> bytes:
         """What a client of a run stopped by the drain receives last."""
-        if self._resumable_elsewhere:
+        if self.shared:
             message = (
                 f"This gateway replica is shutting down; run {run_id} was checkpointed. "
                 f"Resume it on another replica: repeat the request with x-run-id: {run_id} "
