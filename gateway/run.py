@@ -30,7 +30,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
 import httpx
 import orjson
 
@@ -64,9 +63,10 @@ DRAIN_TIMEOUT = 0.05  # an upstream ends its body right after [DONE], or not at 
 
 async def _drain(rest: AsyncIterator[bytes]) -> None:
     """Read what follows [DONE] (the end of the chunked body, usually in the same packet)."""
-    with anyio.move_on_after(DRAIN_TIMEOUT), contextlib.suppress(Exception):
-        async for _ in rest:
-            pass
+    with contextlib.suppress(Exception):  # TimeoutError included
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            async for _ in rest:
+                pass
 
 
 def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
@@ -252,11 +252,12 @@ class ChatRun:
         if self._response is not None:
             response, self._response = self._response, None
             rest, self._after_done = self._after_done, None
-            # Shielded: on client disconnect the surrounding scope is already cancelled,
-            # and the upstream connection must still be closed, not leaked.
-            with anyio.CancelScope(shield=True):
+            try:
                 if rest is not None:
                     await _drain(rest)
+            finally:
+                # Even when cancelled (a run stopped mid-drain): Http1Transport closes a
+                # response without suspending, so the connection is never leaked.
                 await response.aclose()
 
     # -- the client stream ----------------------------------------------------------
