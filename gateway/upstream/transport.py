@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import cast
 
@@ -52,7 +53,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._max_idle = max_keepalive_connections
         self._expiry = keepalive_expiry
         self._slots = asyncio.Semaphore(max_connections)  # requests in flight
-        self._idle: dict[Origin, list[_Connection]] = {}  # oldest first
+        self._idle: dict[Origin, deque[_Connection]] = {}  # oldest first
         self._open: set[_Connection] = set()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -115,12 +116,12 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if not reusable:
             connection.close()
             return
-        idle = self._idle.setdefault(connection.origin, [])
+        idle = self._idle.setdefault(connection.origin, deque())
         now = connection.idle_since = asyncio.get_running_loop().time()
         while idle and (idle[0].closed or now - idle[0].idle_since >= self._expiry):
-            idle.pop(0).close()
+            idle.popleft().close()
         if len(idle) >= self._max_idle:
-            idle.pop(0).close()
+            idle.popleft().close()
         idle.append(connection)
 
     def _forget(self, connection: _Connection) -> None:

@@ -90,6 +90,7 @@ def test_connections_are_reused_one_request_at_a_time() -> None:
                 await response.aread()
                 await response.aclose()
             assert server.requests[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            assert f"\r\nhost: 127.0.0.1:{server.port}\r\n".encode() in server.requests[0].lower()
             assert server.requests[0].endswith(b'\r\n\r\n{"a": 1}')
             await pool.aclose()
 
