@@ -9,7 +9,8 @@ closed, after a last checkpoint that lets a later resume continue it.
 
 Checkpoints: the producer marks the run due every ``checkpoint_every`` content
 deltas, on each interruption and at the end (every event while another replica
-tails it); the writer (``checkpoint.writer``) does the I/O.
+tails it); the writer (``checkpoint.writer``) does the I/O. With the in-memory
+store only the first, the interruptions and the last are written.
 """
 
 from __future__ import annotations
