@@ -183,10 +183,15 @@ class LocalRun:
                     self.checkpoint()
             self.status = self._ended_as() or "failed"
         except asyncio.CancelledError:
-            # Cancelled while closing its upstream after the last event: it ended.
+            # Stopped: its grace ran out, or the drain deadline (or it was cancelled while
+            # closing its upstream after the last event: then it ended). Not re-raised:
+            # this is the task's outermost frame, and a task that ends cancelled keeps
+            # the error, whose traceback holds every frame of the run.
             self.status = self._ended_as() or "detached"
-            raise
         finally:
+            # Frees the run by reference counting: a run left in a cycle waits for the
+            # collector, whose full passes pause every stream (BENCHMARKS.md).
+            self.run.on_interrupted = None
             log.close()
             self._runs.ended(self)
 

@@ -83,8 +83,11 @@ class RequestContext(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         request = current.get()
         if request is not None:
-            if getattr(record, "run_id", None) is None and request.run is not None:
-                record.run_id = request.run.id
+            if getattr(record, "run_id", None) is None:
+                run = request.run
+                run_id = run.id if run is not None else request.extra.get("run_id")
+                if run_id is not None:
+                    record.run_id = run_id
             if getattr(record, "route", None) is None:
                 record.route = request.route
         return True

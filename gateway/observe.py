@@ -130,6 +130,11 @@ class Observer:
         level = logging.DEBUG if route == "ops" else logging.INFO
         if logger.isEnabledFor(level):
             logger.log(level, "request", extra=self.line(record, ended))
+        if record.run is not None:
+            # uvicorn's keep-alive timer holds the request's context, and so this record,
+            # while the connection idles: the run's id stays, the run (prompt, answer) goes.
+            record.extra["run_id"] = record.run.id
+            record.run = None
 
     def line(self, record: RequestLog, ended: float) -> dict[str, Any]:
         """The request's log fields: what happened, never a key, a prompt or an answer."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,3 +50,12 @@ def running_gateway(config: GatewayConfig) -> Iterator[RunningGateway]:
     metrics = Metrics()
     with in_thread(create_app(config, metrics)) as url:
         yield RunningGateway(url, metrics)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, message: str = "timed out") -> Any:
+    """Poll ``predicate`` until it returns something true; return that."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, message
+        time.sleep(0.01)
+    return value

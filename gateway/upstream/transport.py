@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -94,15 +95,19 @@ class Http1Transport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         connection = _Connection(self, origin)
         tls = self._tls if scheme == b"https" else None
+        connecting = loop.create_connection(
+            lambda: connection,
+            host.decode("ascii"),
+            port,
+            ssl=tls,
+            server_hostname=host.decode("ascii") if tls else None,
+        )
         try:
             async with asyncio.timeout(within):
-                await loop.create_connection(
-                    lambda: connection,
-                    host.decode("ascii"),
-                    port,
-                    ssl=tls,
-                    server_hostname=host.decode("ascii") if tls else None,
-                )
+                # In a context of its own: the transport keeps the context it was made
+                # in for the connection's life, and this one would be the request's (its
+                # run, prompt and answer held as long as the connection idles in the pool).
+                await loop.create_task(connecting, context=contextvars.Context())
         except TimeoutError:
             raise httpx.ConnectTimeout("Timed out connecting to the upstream.") from None
         except OSError as exc:  # refused, unreachable, DNS, TLS (ssl.SSLError)
@@ -154,7 +159,10 @@ class _Connection(asyncio.Protocol):
         self._pool = pool
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
+        # The parser holds this protocol's callbacks: dropped when the connection is
+        # lost, so that a closed connection is not a cycle left for the collector.
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        self._status = 0
         # The response in progress:
         self._head: asyncio.Future[None] | None = None
         self._no_body = False  # a response to HEAD
@@ -193,7 +201,7 @@ class _Connection(asyncio.Protocol):
             self.close()  # cancelled (first-byte timeout) or failed before the headers
             raise
         return httpx.Response(
-            self._parser.get_status_code(),
+            self._status,
             headers=self._headers,
             stream=_Body(self),
             request=request,
@@ -226,6 +234,9 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         reusable = self._complete and self._keep_alive and not self.closed and not self._chunks
+        # Raised into body(), the error's traceback holds that frame, which holds this
+        # connection: a cycle (and the run's frames with it) until the collector ran.
+        self._error = None
         self._pool._released(self, reusable)
 
     def close(self) -> None:
@@ -243,6 +254,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last = self._loop.time()
         try:
+            assert self._parser is not None  # dropped only once the connection is lost
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"Invalid HTTP response: {exc}"))
@@ -257,6 +269,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._parser = None
         self._pool._forget(self)
         if self._timer is not None:
             self._timer.cancel()
@@ -291,7 +304,8 @@ class _Connection(asyncio.Protocol):
             self._framed = True
 
     def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
+        assert self._parser is not None
+        status = self._status = self._parser.get_status_code()
         if status in (204, 304) or 100 <= status < 200:
             self._framed = True  # no body, whatever the headers say
         if self._head is not None and not self._head.done():
@@ -306,6 +320,7 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        assert self._parser is not None
         self._keep_alive = self._parser.should_keep_alive() and not self._no_body
         self._complete = True
         if self._timer is not None:

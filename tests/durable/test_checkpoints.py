@@ -10,7 +10,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -23,7 +23,7 @@ from gateway.checkpoint.model import Checkpoint
 from gateway.checkpoint.redis import RedisStore
 from tests.api.streams import MESSAGES
 from tests.redis_server import RedisServer, running_redis
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
 KEY = "sk-checkpoint-owner-0123456789"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -63,14 +63,6 @@ def load(url: str, run_id: str) -> Checkpoint | None:
             await store.aclose()
 
     return asyncio.run(go())
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-    return value
 
 
 def read_events(response: httpx.Response, count: int) -> list[str]:

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from tests.api.streams import MESSAGES, Received, receive
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
 PACED = "chaos:text=60,seed={seed},pace_ms=15"
 
@@ -185,13 +185,6 @@ def test_a_bad_resume_offset_is_a_clear_400(gateway: RunningGateway, value: str)
     )
     assert response.status_code == 400
     assert "x-resume-from" in response.json()["error"]["message"]
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_run_stopped_after_its_grace_is_continued_from_its_checkpoint(
