@@ -7,10 +7,10 @@ already has. When the last follower leaves, the run goes on for the detach grace
 period, so a reconnect finds it live; then it is cancelled and its upstream
 closed, after a last checkpoint that lets a later resume continue it.
 
-Checkpoints: the producer marks the run due every ``checkpoint_every`` content
-deltas, on each interruption and at the end (every event while another replica
-tails it); the writer (``checkpoint.writer``) does the I/O. With the in-memory
-store only the first, the interruptions and the last are written.
+Checkpoints: the producer marks the run due with its first event, then every
+``checkpoint_every`` content deltas, on each interruption and at the end (every
+event while another replica tails it); the writer (``checkpoint.writer``) does
+the I/O. The in-memory store gets the last one only, written as the run ends.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ class LocalRun:
         self._deltas = 0
         self._grace: asyncio.TimerHandle | None = None
         self._stopped = False
-        run.on_interrupted = self.checkpoint
+        if runs.shared:  # another replica may take the run over from this checkpoint
+            run.on_interrupted = self.checkpoint
         self.task = asyncio.get_running_loop().create_task(self._produce(resume))
 
     @property
@@ -162,14 +163,18 @@ class LocalRun:
 
     async def _produce(self, resume: Cause | None) -> None:
         log, every = self.log, self._runs.config.checkpoint_every
-        if not self._runs.shared:
-            # Only this process can read an in-memory store, and while the run lives
-            # its followers read the log itself: the first checkpoint (the record) and
-            # the last (``Runs.ended``) are all a later resume needs.
+        if self._runs.shared:
+            # The first checkpoint (the record) goes with the first event: written
+            # before it, it would compete with it for the loop (TTFT), and a client
+            # with nothing yet has nothing to resume.
+            self._deltas = every
+        else:
+            # Only this process reads an in-memory store, and while the run lives its
+            # followers read the log itself: the last checkpoint (``Runs.ended``) is
+            # all a later resume needs.
             every = 1 << 62
         accumulator = self.run.accumulator
         progress = 0  # content only: the role chunk is not a delta
-        self.checkpoint()  # the record, at once: a run is resumable from its start
         try:
             async for data in self.run.aiter_sse(resume):
                 log.append(data)

@@ -121,7 +121,10 @@ class Runs:
             self._busy -= 1
 
     def ended(self, local: LocalRun) -> None:
-        local.checkpoint()  # the last one: final status, lease released
+        # The last checkpoint: final status, lease released. The in-memory store takes
+        # it in this call, so a resume finds the run here or in the store, never neither.
+        if self.writer is not None and not self.writer.write_in_process(local):
+            local.checkpoint()
         if self.store is not None or local.status == "detached":
             # The store serves late resumers (a replay, or a takeover if detached);
             # keeping the log here too would hold every answer twice for completed_ttl.

@@ -91,6 +91,14 @@ class MemoryStore:
         return self._key
 
     async def write(self, flushes: Sequence[Flush]) -> list[bool]:
+        return self.put(flushes)
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    def put(self, flushes: Sequence[Flush]) -> list[bool]:
+        """``write``, in this call: nothing here waits."""
         now = time.monotonic()
         watched = []
         for flush in flushes:
