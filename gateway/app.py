@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import logging
 import os
 import signal
@@ -126,5 +127,14 @@ def config_from_env() -> GatewayConfig:
 
 
 def create_app_from_env() -> Starlette:
-    """Factory for uvicorn (``--workers`` needs an import string): config from the env."""
-    return create_app(config_from_env())
+    """Factory for uvicorn (``--workers`` needs an import string): config from the env.
+
+    It runs once per worker process, after the imports: what they allocated is frozen
+    out of the cycle collector. Its full passes stop the loop while they walk every
+    object they track, and the startup heap was half of those at 256 streams
+    (BENCHMARKS.md, "Collector pauses"); runs themselves leave no cycles.
+    """
+    app = create_app(config_from_env())
+    gc.collect()
+    gc.freeze()
+    return app
