@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -58,14 +59,31 @@ class _Run:
     record: bytes | None = None
     state: bytes | None = None
     events: list[bytes] = field(default_factory=list)
+    # A finished run's events, joined and compressed: read again only by a late
+    # resume, and kept for completed_ttl (at 400 runs/s, 24,000 answers).
+    packed: bytes = b""
     expires: float = 0.0
     lease: str | None = None
     lease_expires: float = 0.0
     watch_expires: float = 0.0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event | None = None  # made when a reader waits for a write
 
 
 SWEEP_INTERVAL = 1.0
+
+
+def _notify(run: _Run) -> None:
+    if run.changed is not None:
+        run.changed.set()
+        run.changed = None
+
+
+def _unpack(packed: bytes) -> list[bytes]:
+    return split_events(zlib.decompress(packed))
+
+
+def _events(run: _Run) -> list[bytes]:
+    return _unpack(run.packed) if run.packed else list(run.events)
 
 
 class MemoryStore:
@@ -105,22 +123,28 @@ class MemoryStore:
             run = self._runs.setdefault(flush.run_id, _Run())
             if flush.ttl <= 0:
                 del self._runs[flush.run_id]
-                run.changed.set()
+                _notify(run)
                 watched.append(False)
                 continue
             if flush.reset:
                 run.events.clear()
+                run.packed = b""
             if flush.record is not None:
-                run.record = flush.record
+                # Copies the size of the JSON, not orjson's 4 KB buffers (see run.py).
+                run.record = bytes(memoryview(flush.record))
             if flush.events:
+                if run.packed:  # taken over after it was detached: the log grows again
+                    run.events, run.packed = _unpack(run.packed), b""
                 del run.events[flush.first_seq - 1 :]
                 run.events.extend(split_events(flush.events))
-            run.state = flush.state
+            if flush.lease is None and run.events:  # it ended (or was detached)
+                run.packed = zlib.compress(b"".join(run.events), 1)
+                run.events = []
+            run.state = bytes(memoryview(flush.state))
             run.expires = now + flush.ttl
             run.lease = flush.lease
             run.lease_expires = now + flush.lease_ttl
-            run.changed.set()
-            run.changed = asyncio.Event()
+            _notify(run)
             watched.append(run.watch_expires > now)
         self._written.set()
         self._written = asyncio.Event()
@@ -136,9 +160,7 @@ class MemoryStore:
         run = self._get(run_id)
         if run is None or run.record is None or run.state is None:
             return None
-        return Checkpoint(
-            RunRecord.decode(run.record), RunState.decode(run.state), list(run.events)
-        )
+        return Checkpoint(RunRecord.decode(run.record), RunState.decode(run.state), _events(run))
 
     async def read_events(
         self, run_id: str, after: int, block: float = 0
@@ -146,12 +168,16 @@ class MemoryStore:
         deadline = time.monotonic() + block
         while True:
             run = self._get(run_id)
-            if run is not None and len(run.events) > after:
-                return [(seq, event) for seq, event in enumerate(run.events, 1) if seq > after]
+            events = _events(run) if run is not None else []
+            if len(events) > after:
+                return [(seq, event) for seq, event in enumerate(events, 1) if seq > after]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            changed = self._written if run is None else run.changed
+            if run is None:
+                changed = self._written
+            else:
+                changed = run.changed = run.changed or asyncio.Event()
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
             except TimeoutError:
@@ -174,6 +200,11 @@ class MemoryStore:
         run = self._get(run_id)
         if run is not None:
             run.watch_expires = time.monotonic() + ttl
+
+    def memory_bytes(self, run_id: str) -> int:
+        """The bytes a run's events take here (the in-memory store's cost per run)."""
+        run = self._runs.get(run_id)
+        return 0 if run is None else len(run.packed) + sum(len(e) for e in run.events)
 
     async def aclose(self) -> None:
         self._runs.clear()

@@ -112,6 +112,26 @@ def test_memory_store_keeps_ttl_lease_and_claim_semantics() -> None:
     asyncio.run(go())
 
 
+def test_memory_store_keeps_a_finished_log_compressed_and_whole() -> None:
+    # Finished runs stay for completed_ttl, thousands of them at load: their logs are
+    # kept as one compressed blob, and read back (or grown by a takeover) whole.
+    async def go() -> None:
+        store = MemoryStore()
+        e = [event({"content": f"word {i} "}) for i in range(40)]
+        await store.write([flush("a", 1, e[:30])])  # detached at 30: the lease released
+        held = store.memory_bytes("a")
+        assert held < len(b"".join(e[:30])) / 4
+        loaded = await store.load("a")
+        assert loaded is not None and loaded.events == e[:30]
+        assert [s for s, _ in await store.read_events("a", 28)] == [29, 30]
+        # Taken over: the new owner's checkpoints extend the log.
+        await store.write([flush("a", 31, e[30:], lease="r2")])
+        loaded = await store.load("a")
+        assert loaded is not None and loaded.events == e
+
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize(
     ("url", "kind"),
     [
