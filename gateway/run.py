@@ -169,7 +169,9 @@ class ChatRun:
             if continued is None:
                 return None
             body = continued
-        return orjson.dumps(body)
+        # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
+        # shrunk, and this one is kept (by the upstream request) as long as the run.
+        return bytes(memoryview(orjson.dumps(body)))
 
     def idle_timeout(self, leg: ResolvedLeg) -> float:
         idle = leg.upstream.timeouts.idle
