@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,25 +12,20 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from gateway.api.fields import without_gateway_fields
 from gateway.context import Gateway, gateway_of
-from gateway.errors import GatewayError, NotFound, UpstreamFailure, sse_error_event
-from gateway.upstream.client import end_to_end_headers
+from gateway.errors import GatewayError, UpstreamFailure, sse_error_event
+from gateway.upstream.headers import end_to_end_headers, forwarded_request_headers
 from gateway.upstream.routes import ResolvedLeg
+from gateway.upstream.target import relay_target
 
 logger = logging.getLogger("gateway.passthrough")
 
 
-_DOT_SEGMENT = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
-
-
-def _upstream_path(request: Request) -> str:
-    # raw_path keeps percent-encoding (an encoded "/" in a file id stays encoded).
-    path = request.scope["raw_path"].decode("latin-1").removeprefix("/v1")
-    if _DOT_SEGMENT.search(path):
-        # httpx would resolve "..": the request, with the upstream's key, would leave /v1.
-        raise NotFound(f"Unknown path {request.url.path}.", code="unknown_url")
-    query = request.scope["query_string"].decode("latin-1")
-    return f"{path}?{query}" if query else path
+def _upstream_target(request: Request) -> str:
+    scope = request.scope
+    raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
+    return relay_target(raw_path, scope["query_string"])
 
 
 async def _aiter_raw(response: httpx.Response) -> AsyncIterator[bytes]:
@@ -50,7 +44,7 @@ async def _aiter_raw(response: httpx.Response) -> AsyncIterator[bytes]:
 def upstream_error_response(
     status_code: int, headers: list[tuple[str, str]], content: bytes, **extra: str
 ) -> Response:
-    """An upstream's error answer, read in full (so decoded), relayed unchanged."""
+    """An upstream's error answer, read (so decoded) and scrubbed of upstream keys."""
     kept = {k: v for k, v in headers if k.lower() != "content-encoding"}
     return Response(content, status_code, headers=kept | extra)
 
@@ -61,15 +55,20 @@ async def relay(
     leg: ResolvedLeg,
     content: bytes,
     client_authorization: str | None,
+    target: str | None = None,
 ) -> Response:
-    headers = {k: v for k, v in end_to_end_headers(request.headers.items()) if k != "authorization"}
+    forwarded = forwarded_request_headers(
+        request.headers.items(), credentials=gateway.auth.passes_credentials
+    )
+    headers = gateway.upstreams.request_headers(leg.upstream, forwarded, client_authorization)
     # The body is relayed as received: the upstream may compress it only if the client
     # said it can decode that (httpx would otherwise offer gzip on the client's behalf).
     headers.setdefault("accept-encoding", "identity")
-    headers.update(gateway.upstreams.auth_headers(leg.upstream, client_authorization))
     response = await gateway.upstreams.forward(
-        leg.upstream, request.method, _upstream_path(request), headers, content
+        leg, request.method, target or _upstream_target(request), headers, content
     )
+    if response.status_code >= 400:
+        return upstream_error_response(*await gateway.upstreams.read_error(response))
     return StreamingResponse(
         _aiter_raw(response),
         status_code=response.status_code,
@@ -85,7 +84,8 @@ async def forward_json(
     body: dict[str, Any],
     client_authorization: str | None,
 ) -> Response:
-    """Relay a JSON request with the leg's model name."""
+    """Relay a JSON request with the leg's model name, and without gateway-only fields."""
+    body = without_gateway_fields(body)
     if body.get("model") != leg.model:
         body = body | {"model": leg.model}
     return await relay(request, gateway, leg, orjson.dumps(body), client_authorization)
@@ -93,6 +93,7 @@ async def forward_json(
 
 async def passthrough(request: Request) -> Response:
     """Any other /v1 path, routed by the body's ``model`` when there is one."""
+    target = _upstream_target(request)  # before anything else: a bad path goes nowhere
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
     content = await gateway.read_body(request)
@@ -104,9 +105,8 @@ async def passthrough(request: Request) -> Response:
         if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
             leg = gateway.router.resolve(parsed["model"]).legs[0]
             return await forward_json(request, gateway, leg, parsed, client_authorization)
-    return await relay(
-        request, gateway, gateway.router.default_leg(), content, client_authorization
-    )
+    leg = gateway.router.default_leg()
+    return await relay(request, gateway, leg, content, client_authorization, target)
 
 
 async def list_models(request: Request) -> Response:
@@ -114,18 +114,20 @@ async def list_models(request: Request) -> Response:
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
     leg = gateway.router.default_leg()
-    headers = gateway.upstreams.auth_headers(leg.upstream, client_authorization)
-    headers["accept-encoding"] = "identity"
+    forwarded = forwarded_request_headers(
+        request.headers.items(), credentials=gateway.auth.passes_credentials
+    )
+    headers = gateway.upstreams.request_headers(leg.upstream, forwarded, client_authorization)
+    headers["accept-encoding"] = "identity"  # the list is read here
     models: list[dict[str, Any]] = []
     try:
-        response = await gateway.upstreams.forward(leg.upstream, "GET", "/models", headers, b"")
+        response = await gateway.upstreams.forward(leg, "GET", "/models", headers, b"")
+        if 400 <= response.status_code < 500:
+            return upstream_error_response(*await gateway.upstreams.read_error(response))
         try:
             content = await response.aread()
         finally:
             await response.aclose()
-        if 400 <= response.status_code < 500:
-            headers_out = end_to_end_headers(response.headers.multi_items())
-            return upstream_error_response(response.status_code, headers_out, content)
         listed = orjson.loads(content).get("data") if response.status_code == 200 else None
         if isinstance(listed, list):
             models = [m for m in listed if isinstance(m, dict)]
