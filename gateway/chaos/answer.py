@@ -83,12 +83,30 @@ class Script:
     legacy_bodies: tuple[bytes, ...]  # /v1/completions: one per text delta, then the finish
 
 
+# Shapes that repeat, as real answers do: a word said twice, a line of code after
+# one like it, a run of spaces, a list of ones. At a seam they are what a guess
+# mistakes for an echo (gateway/recovery/seam.py), so every answer has some.
+_REPEATS = (
+    "\n        }\n    }\n",
+    "\n    }\n    }\n",
+    " 1, 1, 1,",
+    " | | |",
+    "        ",
+    "\n\n",
+    "\n```\nx = 1\nx = 1\n```\n",
+)
+
+
 def _deltas(count: int, salt: str, seed: int) -> tuple[str, ...]:
     # One generator per answer: text=40 starts with the same deltas as text=20.
     rng = random.Random(f"chaos:{salt}:{seed}")
-    deltas = []
-    previous = ""
+    deltas: list[str] = []
     for index in range(count):
+        if index % 3 == 2 and rng.random() < 0.4:
+            # A delta said again, or one of the repeating shapes (never in place of
+            # a tricky one: those lead every third delta).
+            deltas.append(rng.choice((deltas[-1], *_REPEATS)))
+            continue
         pieces = []
         for position in range(rng.randint(1, 3)):
             if position and rng.random() < 0.2:
@@ -97,12 +115,6 @@ def _deltas(count: int, salt: str, seed: int) -> tuple[str, ...]:
             word = rng.choice(_WORDS)
             if position == 0 and index % 3 == 1:
                 word = _TRICKY[(seed + index // 3) % len(_TRICKY)]
-            if word == previous:
-                # "token token" across a seam is indistinguishable from a continuation
-                # that echoes its prefix: a real answer rarely repeats a word, so this
-                # one never does, and tests of the seam trimmer stay exact.
-                word = _WORDS[(_WORDS.index(word) + 1) % len(_WORDS)] if word in _WORDS else "a"
-            previous = word
             # Like a real model: the first token has no leading space, the rest do.
             pieces.append(word if index == 0 and position == 0 else " " + word)
         deltas.append("".join(pieces))
@@ -221,11 +233,45 @@ def find_prefix(body: dict[str, Any], text: str) -> str:
     return prefix if text.startswith(prefix) else ""
 
 
-def echo_of(spec: ChaosSpec, prefix: str) -> str:
-    """What a continuation repeats before resuming: the whole prefix, its tail, or nothing."""
+def ends_in_prefill(body: dict[str, Any]) -> bool:
+    """Whether a request ends with an assistant message for the model to continue."""
+    messages = body.get("messages")
+    return isinstance(messages, list) and bool(messages) and _role(messages[-1]) == "assistant"
+
+
+def anchor_of(body: dict[str, Any], prefix: str) -> str:
+    """The tail of ``prefix`` a prompt-mode continuation asks to repeat, between <<< and >>>.
+
+    The tail may itself hold the markers (code does): it is the quoted text that
+    is a tail of the prefix.
+    """
+    messages = body.get("messages")
+    if not prefix or not isinstance(messages, list) or _role(messages[-1]) != "user":
+        return ""
+    prompt = _content(messages[-1]).rstrip()
+    if not prompt.endswith(">>>"):
+        return ""
+    start = prompt.find("<<<")
+    while start >= 0:
+        quoted = prompt[start + 3 : -3]
+        if quoted and prefix.endswith(quoted):
+            return quoted
+        start = prompt.find("<<<", start + 1)
+    return ""
+
+
+def echo_of(spec: ChaosSpec, prefix: str, anchor: str = "") -> str:
+    """What a continuation repeats before resuming.
+
+    Like a model that does as asked, the anchor a prompt-mode request quotes (unless
+    ``anchor=0``); ``echo_prefix=1`` (a restart) and ``echo=N`` (the last N
+    characters) play models that do not.
+    """
     if spec.echo_prefix:
         return prefix
-    return prefix[-spec.echo :] if spec.echo else ""
+    if spec.echo:
+        return prefix[-spec.echo :]
+    return anchor if spec.anchor else ""
 
 
 def chat_plan(script: Script, prefix: str = "", echo: str = "") -> Plan:

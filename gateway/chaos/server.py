@@ -24,7 +24,15 @@ from typing import Any
 import orjson
 
 from gateway.chaos import render
-from gateway.chaos.answer import chat_plan, echo_of, find_prefix, legacy_plan, script_for
+from gateway.chaos.answer import (
+    anchor_of,
+    chat_plan,
+    echo_of,
+    ends_in_prefill,
+    find_prefix,
+    legacy_plan,
+    script_for,
+)
 from gateway.chaos.faults import break_stream, fault_cut, reset, stall
 from gateway.chaos.http11 import BadRequest, Request, read_request
 from gateway.chaos.spec import HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
@@ -203,6 +211,13 @@ class ChaosUpstream:
             spec = parse_spec(request.headers.get("x-chaos", model))
         except ValueError as exc:
             return await _reply_error(writer, request, 400, str(exc), "invalid_chaos_spec")
+        if not spec.prefill and ends_in_prefill(payload):
+            # As Anthropic's Claude 4.6+ and some OpenAI-compatible servers answer.
+            message = (
+                "This model does not support assistant message prefill. "
+                "The conversation must end with a user message."
+            )
+            return await _reply_error(writer, request, 400, message)
         fault = self._take_fault(spec)
         if fault == "reset_before":
             await reset(writer, flush=False)
@@ -237,7 +252,7 @@ class ChaosUpstream:
         legacy = request.path == "/v1/completions"
         script = script_for(spec)
         prefix = "" if legacy else find_prefix(payload, script.text)
-        echo = echo_of(spec, prefix)
+        echo = echo_of(spec, prefix, anchor_of(payload, prefix))
         plan = legacy_plan(script) if legacy else chat_plan(script, prefix, echo)
         messages = payload.get("messages")
         prompt_tokens = 10 + (len(messages) if isinstance(messages, list) else 1)

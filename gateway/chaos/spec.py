@@ -74,6 +74,8 @@ class ChaosSpec:
     retry_after: int = 1
     echo: int = 0
     echo_prefix: bool = False
+    anchor: bool = True  # repeat the anchor a prompt-mode continuation quotes
+    prefill: bool = True  # 0: refuse a trailing assistant message with a 400
 
     @property
     def line_ending(self) -> bytes:
@@ -144,6 +146,8 @@ _KEYS: dict[str, Callable[[str], object]] = {
     "retry_after": _integer(0, 86_400),
     "echo": _integer(0, 1_000_000),
     "echo_prefix": _flag,
+    "anchor": _flag,
+    "prefill": _flag,
 }
 
 

@@ -52,6 +52,8 @@ class RunAccumulator:
         self.reasoning_chars = 0
         self._text: list[str] = []
         self._reasoning: list[str] = []
+        self._refusal: list[str] = []
+        self._logprobs: dict[str, list[Any]] = {}  # "content" / "refusal": token entries
         self._usage_by_leg: dict[int, dict[str, Any]] = {}
 
     @property
@@ -70,6 +72,16 @@ class RunAccumulator:
         self.reasoning_field = field
         self._reasoning.append(text)
         self.reasoning_chars += len(text)
+
+    def add_refusal(self, text: str) -> None:
+        self._refusal.append(text)
+
+    def add_logprobs(self, logprobs: Any) -> None:
+        """A released delta's ``logprobs``, kept for the assembled completion."""
+        if isinstance(logprobs, dict):
+            for kind, entries in logprobs.items():
+                if isinstance(entries, list):
+                    self._logprobs.setdefault(kind, []).extend(entries)
 
     def set_usage(self, leg: int, usage: dict[str, Any]) -> None:
         # Some providers repeat a running total on every chunk: keep the last per leg.
@@ -96,6 +108,8 @@ class RunAccumulator:
         message: dict[str, Any] = {"role": self.role or "assistant", "content": self.text or None}
         if self._reasoning:
             message[self.reasoning_field] = self.reasoning
+        if self._refusal:
+            message["refusal"] = "".join(self._refusal)
         if self.tool_calls:
             message["tool_calls"] = [call.as_message_call() for call in self.tool_calls]
         completion: dict[str, Any] = {
@@ -109,7 +123,7 @@ class RunAccumulator:
                     "index": 0,
                     "message": message,
                     "finish_reason": self.finish_reason,
-                    "logprobs": None,
+                    "logprobs": self._logprobs or None,
                 }
             ],
         }

@@ -51,7 +51,14 @@ def parse_event(data: bytes) -> Event:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return Malformed(data)
+        try:
+            # Invalid UTF-8 (orjson refuses it) is decoded as a direct client's SDK
+            # would (httpx decodes with replacement): U+FFFD, never a silent drop of
+            # the whole event and its content. The repaired payload is what is relayed.
+            data = data.decode("utf-8", "replace").encode()
+            obj = orjson.loads(data)
+        except (UnicodeError, orjson.JSONDecodeError):
+            return Malformed(data)
     if not isinstance(obj, dict):
         return Malformed(data)
     error = obj.get("error")

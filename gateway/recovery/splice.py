@@ -7,9 +7,10 @@ the run's accumulator. The splicer guarantees, whatever the legs do:
 - one role delta; reasoning never forwarded a second time by a later leg;
 - tool calls released whole, once their JSON arguments are complete, with client
   indices 0, 1, 2… and unique ids;
-- text never repeated: after a seam, a continuation that re-emits the tail (or
-  all) of the text already sent is trimmed (``SeamTrimmer``);
-- exactly one finish_reason, and one usage chunk summed over legs (``close()``).
+- text never repeated: after a seam, what the continuation was known to repeat
+  first (its anchor, or the whole prefix) is cut exactly (``SeamTrimmer``);
+- exactly one finish_reason, and one usage chunk summed over legs on every end
+  (``close()``, ``usage_chunk()``).
 
 Fast path: on the first leg, a chunk that needs no change is forwarded as the
 bytes received. Anything else is rebuilt once and encoded with orjson.
@@ -22,70 +23,22 @@ from typing import Any
 
 import orjson
 
-from gateway.recovery.accumulator import REASONING_FIELDS, RunAccumulator, ToolCall
+from gateway.recovery.accumulator import (
+    REASONING_FIELDS,
+    USAGE_COUNTS,
+    RunAccumulator,
+    ToolCall,
+)
 from gateway.recovery.events import Chunk
 from gateway.recovery.jsonscan import JsonCompleteness
 from gateway.recovery.plan import Plan, Sent
+from gateway.recovery.seam import SeamRule, SeamTrimmer
 
 IDENTITY_FIELDS = ("id", "created", "model", "system_fingerprint")
 
 
 def sse(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
-
-
-class SeamTrimmer:
-    """Holds the first characters of a continuation until the overlap is known.
-
-    A continuation may re-emit the tail of the text already sent (``…the end of
-    the`` + ``of the sentence``) or restart from the beginning. The trimmer holds
-    the continuation's text only while it could still be such an echo: while it is
-    a prefix of the sent text (a restart), or occurs in the last ``window``
-    characters (where a tail echo starts). Then it drops the longest overlap of at
-    least ``min_overlap`` characters and releases the rest. A clean continuation
-    is released with its first delta unless that delta happens to occur in the
-    tail, so the seam costs at most a delta or two of latency.
-    """
-
-    def __init__(self, sent: str, window: int = 64, min_overlap: int = 3) -> None:
-        self._sent = sent
-        self._tail = sent[-window:]
-        self._min_overlap = min_overlap
-        self._pending = ""
-        self.trimmed = 0
-        self.done = not sent
-
-    def feed(self, text: str) -> str:
-        """Text to release now ("" while holding)."""
-        if self.done:
-            return text
-        pending = self._pending + text
-        sent = self._sent
-        if len(sent) >= self._min_overlap and pending.startswith(sent):  # a whole restart
-            return self._decide(pending, len(sent))
-        if sent.startswith(pending) or pending in self._tail:
-            self._pending = pending
-            return ""
-        return self._decide(pending, self._overlap(pending))
-
-    def flush(self) -> str:
-        """The leg ended: decide with what arrived."""
-        if self.done:
-            return ""
-        return self._decide(self._pending, self._overlap(self._pending))
-
-    def _overlap(self, pending: str) -> int:
-        sent = self._sent
-        for k in range(min(len(sent), len(pending)), self._min_overlap - 1, -1):
-            if sent.endswith(pending[:k]):
-                return k
-        return 0
-
-    def _decide(self, pending: str, overlap: int) -> str:
-        self.done = True
-        self.trimmed = overlap
-        self._pending = ""
-        return pending[overlap:]
 
 
 @dataclass(slots=True)
@@ -103,13 +56,17 @@ class HeldCall:
 
 
 class Splicer:
-    def __init__(self, accumulator: RunAccumulator, *, include_usage: bool) -> None:
+    def __init__(
+        self, accumulator: RunAccumulator, *, include_usage: bool, assemble: bool = False
+    ) -> None:
         self.sent = accumulator
         self.include_usage = include_usage
+        self.assemble = assemble  # a completion is assembled: keep what only it needs
         self.leg = 0  # upstream responses started, minus one
         self.finished = False
         self.seam: SeamTrimmer | None = None
         self._trimmed_earlier = 0  # by the seams of earlier legs
+        self._outcomes: list[str] = []  # what the seams of earlier legs cut
         self._held: dict[int, HeldCall] = {}
         self._ids: set[str] = set()
         self._dropped: list[str] = []  # in flight when a replica stopped (``restore``)
@@ -136,24 +93,30 @@ class Splicer:
         """Characters trimmed at every seam of the run so far."""
         return self._trimmed_earlier + (self.seam.trimmed if self.seam is not None else 0)
 
+    def seam_outcomes(self) -> list[str]:
+        """What each decided seam of the run cut ("echo", "restart", "none")."""
+        current = self.seam.outcome if self.seam is not None else None
+        return self._outcomes + ([current] if current is not None else [])
+
     def snapshot(self) -> Sent:
         in_flight = bool(self._held or self._dropped)
         return Sent(self.sent.text_chars, len(self.sent.tool_calls), in_flight)
 
-    def begin_leg(self, plan: Plan, *, trim: bool = True) -> None:
+    def begin_leg(self, plan: Plan, seam: SeamRule | None = None) -> None:
         """A new upstream response replaces the broken one.
 
-        ``trim=False``: no seam trimmer, so each continuation delta becomes one client
-        event — a takeover whose client is ahead of the checkpoint skips new events
-        by count, which only lines up if none is held and merged at the seam.
+        ``seam``: what this continuation is known to repeat first (None: nothing, it
+        continues literally; so each of its deltas becomes one client event).
         """
         self.leg += 1
         if self.seam is not None:
             self._trimmed_earlier += self.seam.trimmed
+            if self.seam.outcome is not None:
+                self._outcomes.append(self.seam.outcome)
         self._held.clear()  # never sent: the new leg may emit those calls again, whole
         self._dropped = []
-        if trim and plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
-            self.seam = SeamTrimmer(self.sent.text)
+        if seam is not None and plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
+            self.seam = SeamTrimmer(self.sent.text, seam)
         else:
             self.seam = None
 
@@ -192,8 +155,13 @@ class Splicer:
             if content:
                 out["content"] = content
                 sent.add_text(content)
-        if delta.get("refusal"):
-            out["refusal"] = delta["refusal"]
+        refusal = delta.get("refusal")
+        if refusal:
+            out["refusal"] = refusal
+            sent.add_refusal(refusal)
+        logprobs = choice.get("logprobs")
+        if logprobs and out and self.assemble:  # a stream relays them, and that is all
+            sent.add_logprobs(logprobs)
         calls = delta.get("tool_calls")
         if calls:
             released = self._hold(calls)
@@ -208,7 +176,7 @@ class Splicer:
             return sse(chunk.data)
         if not out and not finish_reason:
             return None
-        return sse(orjson.dumps(self._chunk(out, finish_reason)))
+        return sse(orjson.dumps(self._chunk(out, finish_reason, logprobs if out else None)))
 
     def _hold(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         released = []
@@ -253,15 +221,10 @@ class Splicer:
         self.sent.finish_reason = finish_reason
         self.finished = True
 
-    def end_leg(self) -> bytes | None:
-        """The leg broke: release continuation text held at the seam, if any."""
-        if self.seam is None or self.seam.done:
-            return None
-        rest = self.seam.flush()
-        if not rest:
-            return None
-        self.sent.add_text(rest)
-        return sse(orjson.dumps(self._chunk({"content": rest}, None)))
+    def end_leg(self) -> None:
+        """The leg broke: text held at the seam was never sent; the next leg redoes it."""
+        if self.seam is not None:
+            self.seam.discard()
 
     def synthesize_tool_use(self) -> bytes:
         """End the answer with the tool calls the client has (plan SynthesizeToolUse)."""
@@ -272,13 +235,20 @@ class Splicer:
 
     def close(self) -> bytes:
         """The end of a successful answer: the usage chunk if asked, then ``[DONE]``."""
-        usage = self.sent.usage
-        if self.include_usage and usage is not None:
-            chunk = self._envelope()
-            chunk["choices"] = []
-            chunk["usage"] = usage
-            return sse(orjson.dumps(chunk)) + b"data: [DONE]\n\n"
-        return b"data: [DONE]\n\n"
+        return self.usage_chunk() + b"data: [DONE]\n\n"
+
+    def usage_chunk(self) -> bytes:
+        """The one usage chunk, if the client asked for it (on success and on failure).
+
+        It sums what the legs reported; a leg that broke before its usage chunk
+        reported nothing, and counts 0 (its tokens are unknown to the gateway).
+        """
+        if not self.include_usage or self.sent.identity is None:
+            return b""  # nothing was ever sent: there is no stream to end with usage
+        chunk = self._envelope()
+        chunk["choices"] = []
+        chunk["usage"] = self.sent.usage or dict.fromkeys(USAGE_COUNTS, 0)
+        return sse(orjson.dumps(chunk))
 
     def _envelope(self) -> dict[str, Any]:
         identity = self.sent.identity or {}
@@ -290,9 +260,11 @@ class Splicer:
             "system_fingerprint": identity.get("system_fingerprint"),
         }
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    def _chunk(
+        self, delta: dict[str, Any], finish_reason: str | None, logprobs: Any = None
+    ) -> dict[str, Any]:
         chunk = self._envelope()
         chunk["choices"] = [
-            {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         ]
         return chunk

@@ -1,35 +1,68 @@
 """Continuation requests: asking an upstream for the rest of a broken answer (section 4).
 
-Policy only: builds request bodies by the upstream's declared capability.
+Policy only: builds request bodies by the upstream's declared capability, and
+says what the answer to each will repeat first (``SeamRule``), so the seam is cut
+by what the request made known, never by guessing from the text.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import Continuation
+from gateway.recovery.seam import SeamRule, anchor_tail
+
+# Appended to the route's continuation prompt: the reply then begins with a known
+# text, cut exactly at the seam (gateway/recovery/seam.py).
+ANCHOR_INSTRUCTION = (
+    "\n\nBegin your reply by repeating exactly the text between <<< and >>> below, "
+    "which is how your previous message ended (without the markers), then go on "
+    "from there. Repeat nothing else.\n<<<{tail}>>>"
+)
+LITERAL = None  # the upstream continues right after the prefix: nothing to cut
 
 
-def continuation_body(
-    body: dict[str, Any], capability: Continuation, prefix: str, prompt: str
-) -> dict[str, Any] | None:
-    """The request that continues ``prefix``, or None when the upstream cannot."""
+@dataclass(frozen=True, slots=True)
+class ContinuationRequest:
+    body: dict[str, Any]
+    seam: SeamRule | None
+
+
+def continuation_request(
+    body: dict[str, Any],
+    capability: Continuation,
+    prefix: str,
+    prompt: str,
+    *,
+    anchored: bool = True,
+) -> ContinuationRequest | None:
+    """The request that continues ``prefix``, or None when the upstream cannot.
+
+    ``anchored``: in ``prompt`` mode, ask the model to begin with the prefix's last
+    words, and cut exactly those; without it only a restart is recognised.
+    """
     messages = list(body.get("messages") or [])
     if capability == "prompt":
         # Works everywhere, including legs that reject a trailing assistant prefill.
+        tail = anchor_tail(prefix) if anchored else None
+        if tail is not None:
+            prompt += ANCHOR_INSTRUCTION.format(tail=tail)
         messages += [
             {"role": "assistant", "content": prefix},
             {"role": "user", "content": prompt},
         ]
-        return body | {"messages": messages}
+        return ContinuationRequest(body | {"messages": messages}, SeamRule(tail, restart=True))
     if capability == "vllm":  # vLLM and SGLang
         messages.append({"role": "assistant", "content": prefix})
-        return body | {
+        continued = body | {
             "messages": messages,
             "continue_final_message": True,
             "add_generation_prompt": False,
         }
-    if capability == "prefix":  # DeepSeek (beta), Mistral; an echoed prefix is trimmed
+        return ContinuationRequest(continued, LITERAL)
+    if capability in ("prefix", "prefix_echo"):  # DeepSeek (beta); Mistral echoes the prefix
         messages.append({"role": "assistant", "content": prefix, "prefix": True})
-        return body | {"messages": messages}
+        echo = SeamRule(prefix, restart=False) if capability == "prefix_echo" else LITERAL
+        return ContinuationRequest(body | {"messages": messages}, echo)
     return None

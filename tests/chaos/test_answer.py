@@ -38,10 +38,21 @@ def test_a_longer_answer_starts_like_the_shorter_one() -> None:
     assert expected_answer("chaos:text=40").text.startswith(expected_answer("chaos:text=20").text)
 
 
-def test_text_deltas_are_words_with_leading_spaces() -> None:
+def test_text_deltas_are_words_with_leading_spaces_or_repeating_shapes() -> None:
     script = script_for(parse_spec("chaos:text=30"))
     assert len(script.text_deltas) == 30
-    assert all(delta.startswith(" ") or delta[0] in ",.!?;:…" for delta in script.text_deltas[1:])
+    assert all(delta[0] in " \n,.!?;:…" for delta in script.text_deltas[1:])
+
+
+def test_answers_repeat_words_lines_and_whitespace_like_real_ones() -> None:
+    texts = [expected_answer(f"chaos:text=60,seed={seed}").text for seed in range(20)]
+    deltas = [
+        d for seed in range(20) for d in script_for(parse_spec(f"chaos:seed={seed}")).text_deltas
+    ]
+    assert any(a == b for a, b in zip(deltas, deltas[1:], strict=False))  # a delta said twice
+    assert any("    }\n    }\n" in text for text in texts)  # a repeated line of code
+    assert any("        " in text for text in texts)  # a whitespace run
+    assert any(" 1, 1, 1," in text for text in texts)
 
 
 def test_tool_arguments_are_json_only_once_joined() -> None:

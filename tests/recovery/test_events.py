@@ -30,5 +30,9 @@ def test_wrong_shaped_chunks_are_malformed_not_crashes() -> None:
     assert isinstance(parse_event(b'{"choices": [{"delta": "text"}]}'), Malformed)
 
 
-def test_invalid_utf8_is_malformed() -> None:
-    assert isinstance(parse_event(b'{"choices": [], "x": "\xff"}'), Malformed)
+def test_invalid_utf8_is_replaced_not_dropped() -> None:
+    # "caf" + a lone continuation byte + "\xc3" cut short: what a broken upstream sends.
+    event = parse_event(b'{"choices": [{"index": 0, "delta": {"content": "caf\x80 \xc3"}}]}')
+    assert isinstance(event, Chunk)
+    assert event.obj["choices"][0]["delta"]["content"] == "caf\ufffd \ufffd"
+    assert event.data.decode("utf-8")  # what is relayed is valid UTF-8

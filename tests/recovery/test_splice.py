@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk
-from gateway.recovery.plan import Plan
-from gateway.recovery.splice import SeamTrimmer, Splicer
+from gateway.recovery.plan import Plan, plan_recovery
+from gateway.recovery.seam import SeamRule
+from gateway.recovery.splice import Splicer
 
 
 def chunk(
@@ -49,16 +49,21 @@ def decode(out: bytes | None) -> list[dict[str, Any]]:
     return [orjson.loads(e.removeprefix(b"data: ")) for e in events if e != b"data: [DONE]"]
 
 
-def run_legs(legs: list[list[Chunk]], plans: list[Plan], include_usage: bool = False) -> Any:
+def run_legs(
+    legs: list[list[Chunk]],
+    plans: list[Plan],
+    include_usage: bool = False,
+    seams: Sequence[SeamRule | None] | None = None,
+) -> Any:
     splicer = Splicer(RunAccumulator(), include_usage=include_usage)
     out: list[dict[str, Any]] = []
     for i, leg in enumerate(legs):
         if i:
-            splicer.begin_leg(plans[i - 1])
+            splicer.begin_leg(plans[i - 1], seams[i - 1] if seams else None)
         for c in leg:
             out += decode(splicer.feed(c))
         if i < len(legs) - 1:
-            out += decode(splicer.end_leg())
+            splicer.end_leg()
     return splicer, out
 
 
@@ -90,19 +95,32 @@ def test_one_identity_one_role_and_text_continues_across_legs() -> None:
     ]
 
 
-def test_tail_echo_and_whole_restart_are_trimmed_at_the_seam() -> None:
+def test_the_anchor_and_a_whole_restart_are_cut_exactly_at_the_seam() -> None:
     leg0 = [chunk({"content": "The quick brown fox "})]
+    anchored = SeamRule("brown fox ", restart=True)
     echo = [chunk({"content": "brown fox jumps"}, leg=1), chunk({}, "stop", leg=1)]
-    splicer, out = run_legs([leg0, echo], [Plan.CONTINUE_TEXT])
+    splicer, out = run_legs([leg0, echo], [Plan.CONTINUE_TEXT], seams=[anchored])
     assert text_of(out) == "The quick brown fox jumps"
     assert splicer.seam is not None and splicer.seam.trimmed == len("brown fox ")
+    assert splicer.seam_outcomes() == ["echo"]
 
     restart = [
         chunk({"content": "The quick "}, leg=1),
         chunk({"content": "brown fox jumps"}, leg=1),
+        chunk({}, "stop", leg=1),
     ]
-    _, out = run_legs([leg0, [*restart, chunk({}, "stop", leg=1)]], [Plan.CONTINUE_TEXT])
+    splicer, out = run_legs([leg0, restart], [Plan.CONTINUE_TEXT], seams=[anchored])
     assert text_of(out) == "The quick brown fox jumps"
+    assert splicer.seam_outcomes() == ["restart"]
+
+
+def test_a_literal_continuation_is_never_trimmed() -> None:
+    # vllm / prefix: "papa" then a genuine "papa sierra" stays two words.
+    leg0 = [chunk({"content": "alpha papa"})]
+    leg1 = [chunk({"content": " papa sierra"}, leg=1), chunk({}, "stop", leg=1)]
+    splicer, out = run_legs([leg0, leg1], [Plan.CONTINUE_TEXT], seams=[None])
+    assert text_of(out) == "alpha papa papa sierra"
+    assert splicer.trimmed == 0
 
 
 def test_reasoning_from_a_later_leg_is_not_forwarded_again() -> None:
@@ -179,42 +197,50 @@ def test_usage_is_summed_over_legs_and_sent_once_when_asked() -> None:
     assert Splicer(RunAccumulator(), include_usage=False).close() == b"data: [DONE]\n\n"
 
 
-def test_text_held_at_the_seam_is_released_when_the_leg_breaks() -> None:
+def test_text_held_at_the_seam_is_dropped_when_the_leg_breaks() -> None:
+    # Never sent, so the next continuation (from the same text) says it again.
     splicer = Splicer(RunAccumulator(), include_usage=False)
     splicer.feed(chunk({"content": "abc def"}))
-    splicer.begin_leg(Plan.CONTINUE_TEXT)
-    assert splicer.feed(chunk({"content": " d"}, leg=1)) is None  # " d" could start an echo
-    assert text_of(decode(splicer.end_leg())) == " d"
-    assert splicer.sent.text == "abc def d"
+    splicer.begin_leg(Plan.CONTINUE_TEXT, SeamRule("def", restart=True))
+    assert splicer.feed(chunk({"content": "d"}, leg=1)) is None  # could start the anchor
+    splicer.end_leg()
+    assert splicer.sent.text == "abc def"
+    assert plan_recovery(splicer.snapshot()) is Plan.CONTINUE_TEXT
+    splicer.begin_leg(Plan.CONTINUE_TEXT, SeamRule("def", restart=True))
+    out = decode(splicer.feed(chunk({"content": "def ghi"}, leg=2)))
+    assert text_of(out) == " ghi" and splicer.sent.text == "abc def ghi"
 
 
-WORDS = st.text(alphabet=st.characters(codec="utf-8", categories=["L", "N", "Zs"]), min_size=1)
+def test_a_finish_with_completed_calls_after_a_broken_leg_still_sends_usage() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=True)
+    splicer.feed(chunk(call(0, "{}", "call_a", "f")))  # the leg broke before its usage
+    out = decode(splicer.synthesize_tool_use() + splicer.close())
+    assert [c["usage"] for c in out if c.get("usage")] == [
+        {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    ]
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    sent=WORDS,
-    rest=WORDS,
-    echo=st.integers(min_value=0),
-    cuts=st.lists(st.integers(min_value=1, max_value=8), max_size=10),
-)
-def test_seam_trims_exactly_the_echoed_tail_however_the_text_is_chunked(
-    sent: str, rest: str, echo: int, cuts: list[int]
-) -> None:
-    # Echoes of up to 64 characters (the trimmer's window), or of everything sent.
-    echo = echo % (min(len(sent), 64) + 1)
-    echo = len(sent) if echo == 64 else 0 if echo < 3 else echo
-    continuation = sent[len(sent) - echo :] + rest
-    # Exclude text whose own start coincides with the sent tail: no trimmer can tell.
-    limit = min(len(sent), len(continuation))
-    assume(not any(sent.endswith(continuation[:k]) for k in range(max(echo + 1, 3), limit + 1)))
-    trimmer = SeamTrimmer(sent)
-    out, at = [], 0
-    for size in [*cuts, len(continuation)]:
-        out.append(trimmer.feed(continuation[at : at + size]))
-        at += size
-    out.append(trimmer.flush())
-    assert "".join(out) == rest
+def test_a_failed_run_ends_with_one_usage_chunk_before_its_error() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=True)
+    splicer.feed(chunk({"content": "a"}, usage={"prompt_tokens": 5, "completion_tokens": 1}))
+    [usage] = decode(splicer.usage_chunk())
+    assert usage["usage"] == {"prompt_tokens": 5, "completion_tokens": 1}
+    # Nothing sent at all: there is no stream for a usage chunk to belong to.
+    assert Splicer(RunAccumulator(), include_usage=True).usage_chunk() == b""
+
+
+def test_logprobs_and_refusal_are_kept_in_stream_and_assembly() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=False, assemble=True)
+    entry = {"token": "No", "logprob": -0.1, "bytes": [78, 111], "top_logprobs": []}
+    logprobs = {"content": [entry]}
+    choice = {"index": 0, "delta": {"refusal": "No"}, "logprobs": logprobs, "finish_reason": None}
+    obj = {"id": "c", "choices": [choice]}
+    splicer.begin_leg(Plan.WHOLE_RESTART)  # a later leg: the chunk is rebuilt, not passed
+    [out] = decode(splicer.feed(Chunk(orjson.dumps(obj), obj)))
+    assert out["choices"][0]["logprobs"] == logprobs
+    completion = splicer.sent.to_completion()
+    assert completion["choices"][0]["message"]["refusal"] == "No"
+    assert completion["choices"][0]["logprobs"] == logprobs
 
 
 def test_a_payload_received_over_several_data_lines_is_re_encoded_as_one() -> None:
@@ -227,17 +253,24 @@ def test_a_payload_received_over_several_data_lines_is_re_encoded_as_one() -> No
     assert decode(out)[0]["choices"][0]["delta"] == {"content": "x"}
 
 
-def test_clean_continuation_is_released_with_its_first_delta() -> None:
-    # " the" occurs early in the answer, but not in the tail where an echo would start.
-    trimmer = SeamTrimmer("The cat sat on the mat. " + "Then it slept, " * 8)
-    assert trimmer.feed(" the") == " the"
-    assert trimmer.trimmed == 0
-
-
 def test_trimmed_characters_add_up_over_several_seams() -> None:
     leg0 = [chunk({"content": "one two three "})]
     leg1 = [chunk({"content": "three four five "}, leg=1)]  # echoes "three "
     leg2 = [chunk({"content": "five six"}, leg=2), chunk({}, "stop", leg=2)]  # echoes "five "
-    splicer, out = run_legs([leg0, leg1, leg2], [Plan.CONTINUE_TEXT, Plan.CONTINUE_TEXT])
+    seams = [SeamRule("three ", restart=True), SeamRule("five ", restart=True)]
+    splicer, out = run_legs(
+        [leg0, leg1, leg2], [Plan.CONTINUE_TEXT, Plan.CONTINUE_TEXT], seams=seams
+    )
     assert text_of(out) == "one two three four five six"
     assert splicer.trimmed == len("three ") + len("five ")
+
+
+def test_a_stream_relays_logprobs_without_keeping_them() -> None:
+    splicer = Splicer(RunAccumulator(), include_usage=False)
+    logprobs = {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]}
+    choice = {"index": 0, "delta": {"content": "a"}, "logprobs": logprobs, "finish_reason": None}
+    obj = {"id": "c", "choices": [choice]}
+    splicer.begin_leg(Plan.WHOLE_RESTART)
+    [out] = decode(splicer.feed(Chunk(orjson.dumps(obj), obj)))
+    assert out["choices"][0]["logprobs"] == logprobs
+    assert splicer.sent.to_completion()["choices"][0]["logprobs"] is None

@@ -1,0 +1,109 @@
+"""The seam: where a continuation's text joins what the client already has.
+
+A guess at the seam loses or doubles text whenever an answer repeats itself
+("… papa" | "papa sierra", a line of ``}`` after another, a run of spaces): no
+rule can tell an echo of the last words from a genuine repeat by looking at the
+text. So the seam is trimmed only by what the continuation request makes known
+(``SeamRule``, built with the request in ``gateway.upstream.continuation``):
+
+- ``vllm`` and ``prefix`` upstreams continue literally: no rule, nothing trimmed.
+- ``prefix_echo`` upstreams (Mistral) repeat the whole prefix first: exactly that
+  is cut.
+- ``prompt`` upstreams are asked to begin their reply with a quoted anchor, the
+  last words of the text (``anchor_tail``): a reply that begins with it loses
+  exactly the anchor. A reply that begins with everything the client has is a
+  restart from the beginning, whatever its length, and loses exactly that. Any
+  other reply is released whole. The residual risk — a model that ignores the
+  anchor yet happens to begin with it, or echoes some other length — is
+  measured in BENCHMARKS.md ("Seam").
+
+While the reply could still be the anchor or a restart, it is held, so the seam
+costs the anchor's length in latency (a few deltas), and a restart is held until
+it has repeated everything or diverged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ANCHOR_MAX = 40  # characters quoted back to a prompt-mode model
+ANCHOR_MIN = 16  # ... at least, when the anchor is moved forward to a word's start
+
+
+def anchor_tail(text: str) -> str:
+    """The last words of ``text``, for a continuation to repeat before it goes on.
+
+    At most ``ANCHOR_MAX`` characters, starting at a word where one starts in the
+    first part of that window: models copy whole words more faithfully.
+    """
+    if len(text) <= ANCHOR_MAX:
+        return text
+    tail = text[-ANCHOR_MAX:]
+    for start in range(1, ANCHOR_MAX - ANCHOR_MIN + 1):
+        if tail[start - 1].isspace() and not tail[start].isspace():
+            return tail[start:]
+    return tail
+
+
+@dataclass(frozen=True, slots=True)
+class SeamRule:
+    """What a continuation is known to repeat before the new text."""
+
+    echo: str | None  # the exact text it begins with (the anchor, or the whole prefix)
+    restart: bool  # a reply that begins with the whole prefix is a restart
+
+
+class SeamTrimmer:
+    """Holds a continuation's first characters until ``rule`` says what to cut."""
+
+    def __init__(self, sent: str, rule: SeamRule) -> None:
+        self._sent = sent
+        self._echo = rule.echo or None
+        self._restart = rule.restart
+        self._pending = ""
+        self.trimmed = 0  # characters cut
+        self.outcome: str | None = None  # "echo", "restart" or "none", once decided
+        self.done = not sent
+
+    def feed(self, text: str) -> str:
+        """Text to release now ("" while holding)."""
+        if self.done:
+            return text
+        pending = self._pending + text
+        cut = self._cut(pending, final=False)
+        if cut is None:
+            self._pending = pending
+            return ""
+        return self._decide(pending, cut)
+
+    def flush(self) -> str:
+        """The continuation finished: decide with what arrived."""
+        if self.done:
+            return ""
+        pending = self._pending
+        return self._decide(pending, self._cut(pending, final=True) or ("none", 0))
+
+    def discard(self) -> None:
+        """The continuation broke: what it held was never sent, the next one starts over."""
+        self._pending = ""
+
+    def _cut(self, pending: str, *, final: bool) -> tuple[str, int] | None:
+        """(outcome, characters to cut), or None while it cannot be known yet."""
+        echo, sent = self._echo, self._sent
+        if echo is not None:
+            if pending.startswith(echo):
+                return "echo", len(echo)
+            if not final and echo.startswith(pending):
+                return None
+        if self._restart:
+            if pending.startswith(sent):
+                return "restart", len(sent)
+            if not final and sent.startswith(pending):
+                return None
+        return "none", 0
+
+    def _decide(self, pending: str, cut: tuple[str, int]) -> str:
+        self.outcome, self.trimmed = cut
+        self.done = True
+        self._pending = ""
+        return pending[self.trimmed :]
