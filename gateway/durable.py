@@ -11,6 +11,9 @@ Checkpoints: the producer marks the run due with its first event, then every
 ``checkpoint_every`` content deltas, on each interruption and at the end (every
 event while another replica tails it); the writer (``checkpoint.writer``) does
 the I/O. The in-memory store gets the last one only, written as the run ends.
+Writes carry the run's epoch (0, or what this process's claim returned): if this
+process was paused past its lease and another replica took the run over, the
+store refuses them, and the run ends here with a ``run_moved`` error event.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 
 
 _FINISH = re.compile(rb'"finish_reason":\s*"')
+KEEPALIVE = b": keepalive\n\n"
 
 
 def ends(event: bytes) -> bool:
@@ -56,13 +60,34 @@ def render(numbered: Iterable[tuple[int, bytes]], *, ids: bool) -> bytes:
     return b"".join(event for _, event in numbered)
 
 
+class _Reader:
+    """A follower's place in the log, in bytes: how far behind the run it is."""
+
+    __slots__ = ("consumed", "left_behind")
+
+    def __init__(self, consumed: int) -> None:
+        self.consumed = consumed
+        self.left_behind = False  # read nothing for too long: no longer waited for
+
+
 class RunLog:
-    """The client events of one run, and the followers waiting for more."""
+    """The client events of one run, and the followers waiting for more.
+
+    Back-pressure: the producer waits (``make_room``) while a follower is more than
+    ``limits.max_client_lag_bytes`` behind, so the run stops reading its upstream
+    (whose TCP window then closes) instead of piling up what a client does not
+    read. A follower that reads nothing for ``patience`` is left behind: the run
+    goes on as if detached, and the follower still gets it all if it reads again.
+    """
 
     def __init__(self, events: list[bytes] | None = None) -> None:
         self.events: list[bytes] = events if events is not None else []
+        self.size = sum(map(len, self.events))  # bytes of all events
         self.closed = False
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[bool]] = []
+        self._readers: set[_Reader] = set()
+        self._floor = 0  # what every waited-for reader has consumed, at least
+        self._room: asyncio.Future[None] | None = None  # the producer waits on it
 
     def append(self, data: bytes) -> None:
         """One or more complete events, as the run yields them."""
@@ -70,17 +95,52 @@ class RunLog:
             self.events.append(data)
         else:
             self.events.extend(split_events(data))
+        self.size += len(data)
         self._wake()
+
+    def lagging(self, limit: int) -> bool:
+        """Whether a follower may be more than ``limit`` bytes behind (cheap, per event)."""
+        return self.size - self._floor > limit and self._lag() > limit
+
+    async def make_room(self, limit: int, patience: float) -> None:
+        """Wait until every follower is within ``limit // 2`` bytes, or is left behind."""
+        loop = asyncio.get_running_loop()
+        while self._lag() > limit // 2:
+            self._room = loop.create_future()
+            try:
+                async with asyncio.timeout(patience):
+                    await self._room
+            except TimeoutError:
+                floor = self._floor
+                for reader in self._readers:
+                    if reader.consumed == floor:
+                        reader.left_behind = True
+            finally:
+                self._room = None
+
+    def _lag(self) -> int:
+        waited = [r.consumed for r in self._readers if not r.left_behind]
+        self._floor = min(waited) if waited else self.size
+        return self.size - self._floor
+
+    def _progress(self, reader: _Reader, consumed: int) -> None:
+        reader.consumed += consumed
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)  # make_room checks the lag again
 
     def close(self) -> None:
         self.closed = True
         self._wake()
 
-    def _wake(self) -> None:
+    def ping(self) -> None:
+        """Nothing new for a while: followers without event ids send a keepalive comment."""
+        self._wake(idle=True)
+
+    def _wake(self, *, idle: bool = False) -> None:
         if self._waiters:
             for waiter in self._waiters:
                 if not waiter.done():
-                    waiter.set_result(None)
+                    waiter.set_result(idle)
             self._waiters.clear()
 
     async def follow(self, after: int, *, ids: bool) -> AsyncIterator[bytes]:
@@ -94,27 +154,39 @@ class RunLog:
         """
         seq = min(after, len(self.events))
         loop = asyncio.get_running_loop()
-        while True:
-            events = self.events
-            if seq < after and seq < len(events):
-                last = min(after, len(events))
-                ending = [(n, e) for n, e in enumerate(events[seq:last], seq + 1) if ends(e)]
-                if ending:
-                    yield render(ending, ids=ids)
-                seq = last
-            elif seq < len(events):
-                batch = events[seq:]
-                if ids or len(batch) > 1:
-                    yield render(enumerate(batch, seq + 1), ids=ids)
+        reader = _Reader(sum(map(len, self.events[:seq])))
+        self._readers.add(reader)
+        try:
+            while True:
+                events = self.events
+                if seq < after and seq < len(events):
+                    last = min(after, len(events))
+                    skipped = events[seq:last]
+                    ending = [(n, e) for n, e in enumerate(skipped, seq + 1) if ends(e)]
+                    if ending:
+                        yield render(ending, ids=ids)
+                    self._progress(reader, sum(map(len, skipped)))
+                    seq = last
+                elif seq < len(events):
+                    batch = events[seq:]
+                    if ids or len(batch) > 1:
+                        yield render(enumerate(batch, seq + 1), ids=ids)
+                        self._progress(reader, sum(map(len, batch)))
+                    else:
+                        yield batch[0]  # the live case: one event, no copy
+                        self._progress(reader, len(batch[0]))
+                    seq += len(batch)
+                elif self.closed:
+                    return
                 else:
-                    yield batch[0]  # the live case: one event, no copy
-                seq += len(batch)
-            elif self.closed:
-                return
-            else:
-                waiter = loop.create_future()
-                self._waiters.append(waiter)
-                await waiter
+                    waiter = loop.create_future()
+                    self._waiters.append(waiter)
+                    if await waiter and not ids:
+                        yield KEEPALIVE
+        finally:
+            self._readers.discard(reader)
+            if self._room is not None and not self._room.done():
+                self._room.set_result(None)
 
 
 class LocalRun:
@@ -129,6 +201,7 @@ class LocalRun:
         credential: str | None,
         created: float | None = None,
         resume: Cause | None = None,
+        epoch: int = 0,
     ) -> None:
         self.id = run.id
         self.run = run
@@ -145,6 +218,9 @@ class LocalRun:
         self._deltas = 0
         self._grace: asyncio.TimerHandle | None = None
         self._stopped = False
+        self.epoch = epoch  # this process's claim on the run: its writes carry it (fencing)
+        self.lost = False  # another replica took the run over: nothing more is written here
+        self._keepalive: asyncio.TimerHandle | None = None
         if runs.shared:  # another replica may take the run over from this checkpoint
             run.on_interrupted = self.checkpoint
         self.task = asyncio.get_running_loop().create_task(self._produce(resume))
@@ -158,7 +234,7 @@ class LocalRun:
         return hmac.compare_digest((self.credential or "").encode(), (credential or "").encode())
 
     def checkpoint(self) -> None:
-        if self._runs.writer is not None:
+        if self._runs.writer is not None and not self.lost:
             self._runs.writer.mark(self)
 
     async def _produce(self, resume: Cause | None) -> None:
@@ -175,9 +251,14 @@ class LocalRun:
             every = 1 << 62
         accumulator = self.run.accumulator
         progress = 0  # content only: the role chunk is not a delta
+        lag_limit = self._runs.max_client_lag
+        self._keep_alive(-1)
         try:
             async for data in self.run.aiter_sse(resume):
                 log.append(data)
+                if log.lagging(lag_limit):
+                    # A follower is not reading: stop reading the upstream meanwhile.
+                    await log.make_room(lag_limit, self._runs.config.detach_grace)
                 now = accumulator.text_chars + accumulator.reasoning_chars
                 now += len(accumulator.tool_calls)
                 if now != progress:
@@ -197,8 +278,24 @@ class LocalRun:
             # Frees the run by reference counting: a run left in a cycle waits for the
             # collector, whose full passes pause every stream (BENCHMARKS.md).
             self.run.on_interrupted = None
+            if self._keepalive is not None:
+                self._keepalive.cancel()
+                self._keepalive = None
             log.close()
             self._runs.ended(self)
+
+    def _keep_alive(self, seen: int) -> None:
+        """Every half ``keepalive_interval``: if no event came since the last look, ping
+        the followers. So no client stream is silent much longer than the interval.
+
+        One timer per run, not one per wait: the per-event path stays as it was.
+        """
+        events = len(self.log.events)
+        if events == seen:
+            self.log.ping()
+        interval = self._runs.config.keepalive_interval / 2
+        loop = asyncio.get_running_loop()
+        self._keepalive = loop.call_later(interval, self._keep_alive, events)
 
     def _ended_as(self) -> Status | None:
         events = self.log.events
@@ -217,7 +314,9 @@ class LocalRun:
         try:
             async for data in self.log.follow(after, ids=ids):
                 yield data
-            if self._stopped and self.status == "detached":
+            if self.lost and self.status == "detached":
+                yield self._runs.lost_event(self.id)
+            elif self._stopped and self.status == "detached":
                 yield self._runs.shutdown_event(self.id)
         finally:
             self.clients -= 1
@@ -231,6 +330,15 @@ class LocalRun:
         # On the next turn of the loop: a task cancelled before its first step never
         # runs its body, so it would neither close its log nor write its checkpoint.
         asyncio.get_running_loop().call_soon(self.task.cancel)
+
+    def fenced(self) -> None:
+        """Another replica claimed the run while this process was unresponsive past its
+        lease (the store refused a write): end it here and write nothing more, the
+        checkpoint is the new owner's; its clients get an error event that says how to
+        resume, which finds the new owner."""
+        self.lost = True
+        if not self.task.done():
+            asyncio.get_running_loop().call_soon(self.task.cancel)  # as in stop()
 
     def start_grace(self) -> None:
         """No client listens: cancel the run unless one attaches within the grace period."""
@@ -288,6 +396,7 @@ class LocalRun:
             ttl=config.completed_ttl if self.status in FINAL_STATUSES else config.ttl,
             lease=None if final else self._runs.replica,
             lease_ttl=config.lease_ttl,
+            epoch=self.epoch,
         )
 
     def flushed(self, flush: Flush, watched: bool) -> None:

@@ -51,6 +51,11 @@ class ClientAuth:
     def __init__(self, keys: list[bytes]) -> None:
         self._keys = keys
 
+    @property
+    def passes_credentials(self) -> bool:
+        """Whether clients' own credentials may go upstream: the gateway has no keys."""
+        return not self._keys
+
     def authorize(self, request: Request) -> str | None:
         header = request.headers.get("authorization")
         if not self._keys:

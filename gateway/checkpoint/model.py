@@ -18,6 +18,7 @@ them from the log, exactly as the client assembled them.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 from dataclasses import dataclass, field
@@ -115,6 +116,19 @@ class Flush:
     ttl: float = 3600.0  # seconds the run's keys live after this write
     lease: str | None = None  # replica holding the run; None releases the lease
     lease_ttl: float = 5.0
+    # The writer's claim on the run (0: it started the run; ``store.claim`` gives the
+    # next): the store applies the flush only while this is the run's current epoch.
+    epoch: int = 0
+
+
+class Applied(enum.IntEnum):
+    """What a store did with one run's flush."""
+
+    WRITTEN = 0
+    WATCHED = 1  # written, and a replica tails the run: checkpoint every event
+    # Refused: another replica claimed the run after this writer's lease lapsed (a
+    # pause past lease_ttl), so this writer's checkpoints would overwrite the new owner's.
+    FENCED = 2
 
 
 def owner_hash(key: bytes, credential: str | None) -> str:

@@ -7,6 +7,7 @@ Keys per run, with a hash tag so that a run's keys share a Cluster slot::
     rg:{RUN}:state    string  RunState (orjson), replaced at each checkpoint
     rg:{RUN}:lease    string  replica owning the run, PX lease_ttl, renewed by its writes
     rg:{RUN}:watch    string  set by a replica tailing the run: checkpoint every event
+    rg:{RUN}:epoch    string  the run's epoch, raised by each claim; absent: 0 (never claimed)
 
 Why a Stream for the log: entry ids are the event numbers, so a resumer reads
 "everything after event n" with one XRANGE, and a live tail on another replica
@@ -15,6 +16,12 @@ pub/sub message published while the tailer was reading the backlog would be lost
 Appending costs one XADD per checkpoint, whatever the answer's length. A batch of
 checkpoints is one script call (per run on a Cluster, where runs live in
 different slots): every step of a run's write happens, in order, in one place.
+
+Fencing (see ``store``): the script first compares the flush's epoch with the
+run's, and skips the whole flush when they differ; a claim sets the lease and
+raises the epoch in one script. The epoch key is written only once a run has been
+claimed, and a deleted run keeps it until it expires, so a writer that wakes up
+after the run was finished and deleted cannot bring it back either.
 """
 
 from __future__ import annotations
@@ -29,41 +36,59 @@ import redis.asyncio as redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
-from gateway.checkpoint.model import Checkpoint, Flush, RunRecord, RunState, split_events
+from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
 
 OWNER_KEY = "rg:owner-key"
 
-# KEYS: record, events, state, lease, watch per run; ARGV: _write_args per run.
-# Returns, per run, whether a replica watches it (tails it live).
+# KEYS: record, events, state, lease, watch, epoch per run; ARGV: _write_args per run.
+# Returns, per run, an ``Applied``: 2 if fenced out, else whether a replica watches it.
 WRITE_SCRIPT = """
 local out = {}
-for i = 0, #KEYS / 5 - 1 do
-  local k, a = i * 5, i * 9
+for i = 0, #KEYS / 6 - 1 do
+  local k, a = i * 6, i * 10
   local record, events, state, lease = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local epoch = ARGV[a + 10]
+  local current = redis.call('GET', KEYS[k + 6])
   local ttl = tonumber(ARGV[a + 6])
-  if ttl <= 0 then
-    redis.call('DEL', record, events, state, lease)
+  if (current or '0') ~= epoch then
+    out[i + 1] = 2
   else
-    local flags = ARGV[a + 1]
-    if string.find(flags, 'r') then redis.call('DEL', events) end
-    if ARGV[a + 2] ~= '' then redis.call('SET', record, ARGV[a + 2], 'PX', ttl) end
-    if ARGV[a + 5] ~= '' then
-      redis.call('XADD', events, '0-' .. ARGV[a + 4], 'f', ARGV[a + 3], 'd', ARGV[a + 5])
-    end
-    if string.find(flags, 'e') then
-      redis.call('PEXPIRE', record, ttl)
-      redis.call('PEXPIRE', events, ttl)
-    end
-    redis.call('SET', state, ARGV[a + 7], 'PX', ttl)
-    if ARGV[a + 8] ~= '' then
-      redis.call('SET', lease, ARGV[a + 8], 'PX', ARGV[a + 9])
+    if ttl <= 0 then
+      redis.call('DEL', record, events, state, lease)
     else
-      redis.call('DEL', lease)
+      local flags = ARGV[a + 1]
+      if string.find(flags, 'r') then redis.call('DEL', events) end
+      if ARGV[a + 2] ~= '' then redis.call('SET', record, ARGV[a + 2], 'PX', ttl) end
+      if ARGV[a + 5] ~= '' then
+        redis.call('XADD', events, '0-' .. ARGV[a + 4], 'f', ARGV[a + 3], 'd', ARGV[a + 5])
+      end
+      if string.find(flags, 'e') then
+        redis.call('PEXPIRE', record, ttl)
+        redis.call('PEXPIRE', events, ttl)
+      end
+      redis.call('SET', state, ARGV[a + 7], 'PX', ttl)
+      if ARGV[a + 8] ~= '' then
+        redis.call('SET', lease, ARGV[a + 8], 'PX', ARGV[a + 9])
+      else
+        redis.call('DEL', lease)
+      end
+      if epoch ~= '0' then redis.call('SET', KEYS[k + 6], epoch, 'PX', ttl) end
     end
+    out[i + 1] = redis.call('EXISTS', KEYS[k + 5])
   end
-  out[i + 1] = redis.call('EXISTS', KEYS[k + 5])
 end
 return out
+"""
+
+# KEYS: state, lease, epoch; ARGV: replica, lease ms. The run's new epoch, or nil when
+# the lease is held or the run is not stored.
+CLAIM_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+local epoch = redis.call('INCR', KEYS[3])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
+return epoch
 """
 
 
@@ -79,12 +104,20 @@ def _write_args(f: Flush) -> list[bytes | str | int]:
         f.state,
         f.lease or "",
         int(f.lease_ttl * 1000),
+        f.epoch,
     ]
 
 
-def _keys(run_id: str) -> tuple[str, str, str, str, str]:
+def _keys(run_id: str) -> tuple[str, str, str, str, str, str]:
     tag = f"rg:{{{run_id}}}:"
-    return tag + "record", tag + "events", tag + "state", tag + "lease", tag + "watch"
+    return (
+        tag + "record",
+        tag + "events",
+        tag + "state",
+        tag + "lease",
+        tag + "watch",
+        tag + "epoch",
+    )
 
 
 def connect(url: str, pool_size: int) -> Any:
@@ -131,10 +164,19 @@ class RedisStore:
 
     def __init__(self, url: str, pool_size: int = 64) -> None:
         self._redis = connect(url, pool_size)
+        # Readiness asks on a connection of its own: a busy pool (a tail's blocking read
+        # holds a connection for up to a second) must not look like a dead Redis.
+        self._probe = connect(url, 1)
         self._write_script = self._redis.register_script(WRITE_SCRIPT)
+        self._claim_script = self._redis.register_script(CLAIM_SCRIPT)
 
     async def ping(self) -> None:
-        await self._redis.ping()
+        """Raise unless Redis answers; on a Cluster, every primary (a run may be on any)."""
+        if isinstance(self._probe, RedisCluster):
+            # Its default would ask one node only: a dead primary would go unnoticed.
+            await self._probe.ping(target_nodes=RedisCluster.PRIMARIES)
+        else:
+            await self._probe.ping()
 
     async def owner_key(self) -> bytes:
         # The first replica to ask creates the key; every other one reads the same.
@@ -142,13 +184,13 @@ class RedisStore:
         key: bytes = await self._redis.get(OWNER_KEY)
         return key
 
-    async def write(self, flushes: Sequence[Flush]) -> list[bool]:
+    async def write(self, flushes: Sequence[Flush]) -> list[Applied]:
         if isinstance(self._redis, RedisCluster):
             # A run's keys share a slot, different runs' do not: one call per run.
             replies = await asyncio.gather(
                 *(self._write_script(_keys(f.run_id), _write_args(f)) for f in flushes)
             )
-            return [bool(reply[0]) for reply in replies]
+            return [Applied(reply[0]) for reply in replies]
         keys: list[str] = []
         args: list[bytes | str | int] = []
         for f in flushes:
@@ -156,10 +198,10 @@ class RedisStore:
             args.extend(_write_args(f))
         # The whole batch in one command: redis-py spends ~30 µs per command it
         # packs and parses, so six commands per run would cost more than Redis.
-        return [bool(watched) for watched in await self._write_script(keys, args)]
+        return [Applied(applied) for applied in await self._write_script(keys, args)]
 
     async def load(self, run_id: str) -> Checkpoint | None:
-        record, events, state, _, _ = _keys(run_id)
+        record, events, state, *_ = _keys(run_id)
         pipe = self._redis.pipeline(transaction=False)
         pipe.get(record)
         pipe.get(state)
@@ -185,14 +227,17 @@ class RedisStore:
         holder = await self._redis.get(_keys(run_id)[3])
         return None if holder is None else bytes(holder).decode()
 
-    async def claim(self, run_id: str, replica: str, ttl: float) -> bool:
-        return bool(await self._redis.set(_keys(run_id)[3], replica, nx=True, px=int(ttl * 1000)))
+    async def claim(self, run_id: str, replica: str, ttl: float) -> int | None:
+        _, _, state, lease, _, epoch = _keys(run_id)
+        claimed = await self._claim_script([state, lease, epoch], [replica, int(ttl * 1000)])
+        return None if claimed is None else int(claimed)
 
     async def watch(self, run_id: str, ttl: float) -> None:
         await self._redis.set(_keys(run_id)[4], b"1", px=int(ttl * 1000))
 
     async def aclose(self) -> None:
-        if isinstance(self._redis, RedisCluster):
-            await self._redis.aclose()
-        else:  # a pool passed in is not closed by default
-            await self._redis.aclose(close_connection_pool=True)
+        for client in (self._redis, self._probe):
+            if isinstance(client, RedisCluster):
+                await client.aclose()
+            else:  # a pool passed in is not closed by default
+                await client.aclose(close_connection_pool=True)

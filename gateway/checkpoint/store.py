@@ -4,6 +4,13 @@ A store keeps each run's record, event log, state and lease (see ``model``), and
 lets another replica tail the log and take a run over. The writer calls ``write``
 with many runs' flushes at once; a store sends them in one round trip.
 
+Writes are fenced: each claim of a run raises its *epoch*, and a flush applies only
+while its epoch is the run's current one. A replica paused past its lease (a long
+GC pause, SIGSTOP, a frozen VM) wakes up with an old epoch, so once another
+replica has taken the run over, its writes are refused (``Applied.FENCED``)
+instead of overwriting the new owner's checkpoints. A run nobody ever claimed has
+epoch 0 and stores none, so fencing costs a run that never moves one key read.
+
 The in-memory store serves one process: it makes a run resumable after its
 client left and after its detach grace ran out, with no Redis at all. It keeps
 the same TTL and lease semantics as Redis so the same code paths run on both.
@@ -19,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.checkpoint.model import Checkpoint, Flush, RunRecord, RunState, split_events
+from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
 
 
 class CheckpointStore(Protocol):
@@ -33,8 +40,8 @@ class CheckpointStore(Protocol):
     async def owner_key(self) -> bytes:
         """The key owner hashes are made with: the same on every replica of a store."""
 
-    async def write(self, flushes: Sequence[Flush]) -> list[bool]:
-        """Apply flushes in one round trip; per flush, whether a replica tails that run."""
+    async def write(self, flushes: Sequence[Flush]) -> list[Applied]:
+        """Apply flushes in one round trip; per flush, what was done with it."""
 
     async def load(self, run_id: str) -> Checkpoint | None: ...
 
@@ -45,8 +52,12 @@ class CheckpointStore(Protocol):
 
     async def lease_holder(self, run_id: str) -> str | None: ...
 
-    async def claim(self, run_id: str, replica: str, ttl: float) -> bool:
-        """Take a run whose lease expired; exactly one caller wins."""
+    async def claim(self, run_id: str, replica: str, ttl: float) -> int | None:
+        """Take a stored run whose lease expired; exactly one caller wins.
+
+        The winner gets the run's new epoch, for its flushes: from then on the
+        store refuses the flushes of every earlier holder. Losers get None.
+        """
 
     async def watch(self, run_id: str, ttl: float) -> None:
         """Ask the owner to checkpoint every event for ``ttl`` seconds (a live tail)."""
@@ -66,6 +77,7 @@ class _Run:
     lease: str | None = None
     lease_expires: float = 0.0
     watch_expires: float = 0.0
+    epoch: int = 0  # raised by each claim; 0: never claimed
     changed: asyncio.Event | None = None  # made when a reader waits for a write
 
 
@@ -108,23 +120,36 @@ class MemoryStore:
     async def owner_key(self) -> bytes:
         return self._key
 
-    async def write(self, flushes: Sequence[Flush]) -> list[bool]:
+    async def write(self, flushes: Sequence[Flush]) -> list[Applied]:
         return self.put(flushes)
 
     @property
     def key(self) -> bytes:
         return self._key
 
-    def put(self, flushes: Sequence[Flush]) -> list[bool]:
+    def put(self, flushes: Sequence[Flush]) -> list[Applied]:
         """``write``, in this call: nothing here waits."""
         now = time.monotonic()
-        watched = []
+        applied = []
         for flush in flushes:
-            run = self._runs.setdefault(flush.run_id, _Run())
-            if flush.ttl <= 0:
-                del self._runs[flush.run_id]
+            run = self._runs.get(flush.run_id)
+            if run is not None and run.expires <= now:  # expired: gone, as Redis keys are
                 _notify(run)
-                watched.append(False)
+                run = None
+            if run is None:
+                run = self._runs[flush.run_id] = _Run()
+            elif run.epoch and run.epoch != flush.epoch:
+                applied.append(Applied.FENCED)
+                continue
+            if flush.epoch:
+                run.epoch = flush.epoch
+            if flush.ttl <= 0:
+                if run.epoch:  # as in Redis, the epoch outlives the run: stale writers stay out
+                    self._runs[flush.run_id] = _Run(expires=run.expires, epoch=run.epoch)
+                else:
+                    del self._runs[flush.run_id]
+                _notify(run)
+                applied.append(Applied.WRITTEN)
                 continue
             if flush.reset:
                 run.events.clear()
@@ -132,7 +157,12 @@ class MemoryStore:
             if flush.record is not None:
                 # Copies the size of the JSON, not orjson's 4 KB buffers (see run.py).
                 run.record = bytes(memoryview(flush.record))
-            if flush.events:
+            if flush.events and flush.lease is None and flush.first_seq == 1:
+                # A whole run as it ends (this store's usual only write): packed from the
+                # flush as it is, not split into events and joined again (two copies of a
+                # long answer at once).
+                run.events, run.packed = [], zlib.compress(flush.events, 1)
+            elif flush.events:
                 if run.packed:  # taken over after it was detached: the log grows again
                     run.events, run.packed = _unpack(run.packed), b""
                 del run.events[flush.first_seq - 1 :]
@@ -145,7 +175,7 @@ class MemoryStore:
             run.lease = flush.lease
             run.lease_expires = now + flush.lease_ttl
             _notify(run)
-            watched.append(run.watch_expires > now)
+            applied.append(Applied.WATCHED if run.watch_expires > now else Applied.WRITTEN)
         self._written.set()
         self._written = asyncio.Event()
         if now >= self._next_sweep:
@@ -154,7 +184,7 @@ class MemoryStore:
             self._next_sweep = now + SWEEP_INTERVAL
             for run_id in [k for k, r in self._runs.items() if r.expires <= now]:
                 del self._runs[run_id]
-        return watched
+        return applied
 
     async def load(self, run_id: str) -> Checkpoint | None:
         run = self._get(run_id)
@@ -189,12 +219,13 @@ class MemoryStore:
             return None
         return run.lease
 
-    async def claim(self, run_id: str, replica: str, ttl: float) -> bool:
+    async def claim(self, run_id: str, replica: str, ttl: float) -> int | None:
         run = self._get(run_id)
-        if run is None or await self.lease_holder(run_id) is not None:
-            return False
+        if run is None or run.state is None or await self.lease_holder(run_id) is not None:
+            return None
         run.lease, run.lease_expires = replica, time.monotonic() + ttl
-        return True
+        run.epoch += 1
+        return run.epoch
 
     async def watch(self, run_id: str, ttl: float) -> None:
         run = self._get(run_id)

@@ -13,6 +13,9 @@ because a restarted Redis may have lost what it had.
 
 Every write renews the writer's leases on its runs; runs with nothing new get a
 heartbeat write every third of the lease TTL, so a silent owner is a dead one.
+A write the store refuses because another replica took the run over (fencing, see
+``store``) ends this writer's part in that run: the run is told, and never
+written or heartbeaten here again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 import time
 from typing import Protocol
 
-from gateway.checkpoint.model import Flush
+from gateway.checkpoint.model import Applied, Flush
 from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.metrics import Metrics
 
@@ -38,6 +41,9 @@ class Checkpointed(Protocol):
     def flush(self, owner_key: bytes, *, rewrite: bool) -> Flush: ...
 
     def flushed(self, flush: Flush, watched: bool) -> None: ...
+
+    def fenced(self) -> None:
+        """Another replica took the run over: stop relaying it, write nothing more."""
 
 
 class CheckpointWriter:
@@ -87,9 +93,12 @@ class CheckpointWriter:
             self._owner_key = store.key
         self._due.pop(run.id, None)
         flush = run.flush(self._owner_key, rewrite=False)
-        [watched] = store.put([flush])
-        self._written_ok.inc()
-        run.flushed(flush, watched)
+        [applied] = store.put([flush])
+        if applied is Applied.FENCED:
+            self._fenced(run)
+        else:
+            self._written_ok.inc()
+            run.flushed(flush, applied is Applied.WATCHED)
         return True
 
     def disown(self, run_id: str) -> None:
@@ -132,7 +141,7 @@ class CheckpointWriter:
             async with asyncio.timeout(self._timeout):
                 key = await self.owner_key()
                 flushes = [run.flush(key, rewrite=not self.healthy) for run in batch]
-                watched = await self.store.write(flushes)
+                applied = await self.store.write(flushes)
         except Exception as exc:  # noqa: BLE001 - any store failure: go on without it
             self._metrics.checkpoint_writes.labels("error").inc(len(batch))
             for run in batch:
@@ -146,13 +155,32 @@ class CheckpointWriter:
                 )
             return False
         self._metrics.checkpoint_write_seconds.observe(time.perf_counter() - started)
-        self._written_ok.inc(len(flushes))
         if not self.healthy:
             self.healthy = True
             logger.warning("checkpoint store reachable again; checkpoints resumed")
-        for run, flush, watch in zip(batch, flushes, watched, strict=True):
-            run.flushed(flush, watch)
+        written = 0
+        for run, flush, result in zip(batch, flushes, applied, strict=True):
+            if result is Applied.FENCED:
+                self._fenced(run)
+            else:
+                written += 1
+                run.flushed(flush, result is Applied.WATCHED)
+        self._written_ok.inc(written)
         return True
+
+    def _fenced(self, run: Checkpointed) -> None:
+        self._metrics.checkpoint_writes.labels("fenced").inc()
+        # Only this run object: a later takeover of the same run here is another one.
+        if self._due.get(run.id) is run:
+            del self._due[run.id]
+        if self._owned.get(run.id) is run:
+            del self._owned[run.id]
+        logger.warning(
+            "run taken over by another replica while this one was unresponsive past its "
+            "lease; stopping it here",
+            extra={"run_id": run.id},
+        )
+        run.fenced()
 
     async def aclose(self) -> None:
         """Stop the loop and make one last attempt at what is due."""

@@ -13,6 +13,12 @@ payload goes to orjson (which checks the UTF-8) and, unchanged, to the client.
 ``tests/upstream/test_sse.py`` checks it against httpx-sse's decoder, which it
 replaces on the hot path: httpx-sse reads through httpx's text decoding, a
 generator layer per step that cost more than the whole decoder here.
+
+What it holds between reads is bounded: the line not ended yet and the data of the
+event in progress, together at most ``max_event_bytes`` (``limits.max_event_bytes``)
+plus one read. An upstream that goes past it (a line without an end, an event
+without a blank line) gets ``EventTooLarge``, an ``httpx.RemoteProtocolError``:
+the run treats it as a broken stream and recovers, and the buffer is let go.
 """
 
 from __future__ import annotations
@@ -24,18 +30,32 @@ import httpx
 from gateway.errors import UpstreamFailure
 
 BOM = b"\xef\xbb\xbf"
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # the default of limits.max_event_bytes
+
+
+class EventTooLarge(httpx.RemoteProtocolError):
+    """An upstream line or event outgrew ``max_event_bytes``: the stream is broken."""
 
 
 class SSEDecoder:
     """Feed body chunks, get the ``data`` of each complete event (empty ones skipped)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._max = max_event_bytes
+        self._held = 0  # bytes of the two below
         self._partial: list[bytes] = []  # the start of a line not ended yet
         self._data: list[bytes] = []  # data fields of the event in progress
         self._skip_lf = False  # the last chunk ended with CR: a leading LF is its CRLF
         self._started = False  # a first line was seen (the only place a BOM is skipped)
 
+    @property
+    def held(self) -> int:
+        """Bytes kept between reads: the line not ended yet and the event in progress."""
+        return self._held
+
     def feed(self, chunk: bytes) -> list[bytes]:
+        if not chunk:  # nothing to decode; and a pending CR must still await its LF
+            return []
         if self._skip_lf:
             self._skip_lf = False
             chunk = chunk[1:] if chunk[:1] == b"\n" else chunk
@@ -45,6 +65,9 @@ class SSEDecoder:
         elif b"\n" not in chunk:
             if chunk:
                 self._partial.append(chunk)
+                self._held += len(chunk)
+                if self._held > self._max:
+                    self._overflow()
             return []
         if self._partial:
             self._partial.append(chunk)
@@ -73,10 +96,26 @@ class SSEDecoder:
                     data.append(line[5:])
                 elif line == b"data":
                     data.append(b"")
+        held = len(rest) + (sum(map(len, data)) if data else 0)
+        if held > self._max:
+            # Events completed in this read go too: the stream is broken, and the
+            # recovery continues from what the client was sent.
+            self._overflow()
+        self._held = held
         return out
 
+    def _overflow(self) -> None:
+        self._partial = []
+        self._data.clear()
+        self._held = 0
+        raise EventTooLarge(
+            f"The upstream sent an event line or event larger than {self._max} bytes."
+        )
 
-async def aiter_data(response: httpx.Response) -> AsyncIterator[bytes]:
+
+async def aiter_data(
+    response: httpx.Response, max_event_bytes: int = MAX_EVENT_BYTES
+) -> AsyncIterator[bytes]:
     """Yield the ``data`` of each event; events without data (pings) are skipped."""
     content_type = response.headers.get("content-type", "").partition(";")[0].strip()
     if "text/event-stream" not in content_type.lower():
@@ -87,7 +126,7 @@ async def aiter_data(response: httpx.Response) -> AsyncIterator[bytes]:
         )
     body = response.stream
     assert isinstance(body, httpx.AsyncByteStream)
-    decoder = SSEDecoder()
+    decoder = SSEDecoder(max_event_bytes)
     async for chunk in body:
         for data in decoder.feed(chunk):
             yield data

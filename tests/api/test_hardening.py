@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from gateway.chaos import ChaosUpstream
+from gateway.chaos import ChaosUpstream, running_chaos_upstream
 from tests.api.streams import stream_chat
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
@@ -25,14 +25,66 @@ def raw_get(url: str, target: str) -> bytes:
         return b"".join(iter(lambda: sock.recv(65536), b""))
 
 
-@pytest.mark.parametrize("target", ["/v1/../../admin", "/v1/models/%2e%2e/x", "/v1/a/./b"])
-def test_dot_segments_never_leave_v1(
-    gateway: RunningGateway, chaos: ChaosUpstream, target: str
+@pytest.fixture(scope="module")
+def victim() -> Iterator[ChaosUpstream]:
+    """A host that no request may ever reach: the one a crafted path names."""
+    with running_chaos_upstream() as upstream:
+        yield upstream
+
+
+PATH_TRICKS = [
+    "/v1%2f@127.0.0.1:{port}/x",
+    "/v1%2F%2F127.0.0.1:{port}/x",
+    "/v1/%2f@127.0.0.1:{port}/x",
+    "/v1/@127.0.0.1:{port}/x",
+    "/v1/%40127.0.0.1:{port}/x",
+    "/v1//127.0.0.1:{port}/x",
+    "/v1/..%2f..%2f@127.0.0.1:{port}/x",
+    "/v1/%5c%5c127.0.0.1:{port}/x",
+    "/v1/\\127.0.0.1:{port}/x",
+    "/v1/../../admin",
+    "/v1/models/%2e%2e/x",
+    "/v1/a/./b",
+    "/v1/%252e%252e/x",
+    "/v1/a%0d%0aHost:127.0.0.1:{port}",
+]
+
+
+@pytest.mark.parametrize("with_path", [True, False], ids=["base-with-path", "base-no-path"])
+@pytest.mark.parametrize("trick", PATH_TRICKS)
+def test_crafted_paths_reach_no_host(
+    chaos: ChaosUpstream, victim: ChaosUpstream, trick: str, with_path: bool
 ) -> None:
+    base = chaos.base_url if with_path else chaos.base_url.removesuffix("/v1")
+    config = gateway_config(base, upstream={"api_key": "sk-upstream-secret"})
     chaos.requests.clear()
-    answer = raw_get(gateway.url, target)
-    assert answer.startswith(b"HTTP/1.1 404")
+    victim.requests.clear()
+    with running_gateway(config) as gateway:
+        answer = raw_get(gateway.url, trick.format(port=victim.port))
+    status = answer.split(b" ", 2)[1]
+    assert status in (b"400", b"404"), answer[:200]
+    assert b"Traceback" not in answer and b"sk-upstream-secret" not in answer
+    assert victim.requests == []
     assert chaos.requests == []
+
+
+def test_absolute_form_target_goes_to_the_configured_upstream(
+    gateway: RunningGateway, chaos: ChaosUpstream, victim: ChaosUpstream
+) -> None:
+    victim.requests.clear()
+    chaos.requests.clear()
+    raw_get(gateway.url, f"http://127.0.0.1:{victim.port}/v1/files")
+    assert victim.requests == []
+    assert chaos.requests[-1].path == "/v1/files"
+
+
+def test_an_authority_in_the_query_stays_in_the_query(
+    gateway: RunningGateway, chaos: ChaosUpstream, victim: ChaosUpstream
+) -> None:
+    victim.requests.clear()
+    raw_get(gateway.url, f"/v1/files?next=@127.0.0.1:{victim.port}/x")
+    assert victim.requests == []
+    assert chaos.requests[-1].query == f"next=@127.0.0.1:{victim.port}/x"
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import UpstreamFailure
-from gateway.upstream.sse import aiter_data
+from gateway.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder, aiter_data
 
 
 class ChunkedBody(httpx.AsyncByteStream):
@@ -29,12 +29,16 @@ class ChunkedBody(httpx.AsyncByteStream):
             yield part
 
 
-def decode(parts: list[bytes], content_type: str = "text/event-stream") -> list[bytes]:
+def decode(
+    parts: list[bytes],
+    content_type: str = "text/event-stream",
+    max_event_bytes: int = MAX_EVENT_BYTES,
+) -> list[bytes]:
     async def collect() -> list[bytes]:
         response = httpx.Response(
             200, headers={"content-type": content_type}, stream=ChunkedBody(parts)
         )
-        return [data async for data in aiter_data(response)]
+        return [data async for data in aiter_data(response, max_event_bytes)]
 
     return asyncio.run(collect())
 
@@ -142,3 +146,75 @@ def test_a_crlf_split_between_reads_is_one_line_end() -> None:
 def test_non_event_stream_response_is_an_upstream_failure() -> None:
     with pytest.raises(UpstreamFailure, match="without an event stream"):
         decode([b'{"id": 1}'], content_type="application/json")
+
+
+# -- the bound on what is held between reads (limits.max_event_bytes) ------------------
+
+
+def test_a_line_over_the_limit_raises_a_protocol_error_and_is_let_go() -> None:
+    decoder = SSEDecoder(max_event_bytes=1000)
+    assert decoder.feed(b'data: {"a": 1}\n\ndata: ') == [b'{"a": 1}']
+    assert decoder.feed(b"x" * 900) == []
+    assert decoder.held == 906
+    with pytest.raises(EventTooLarge) as raised:
+        decoder.feed(b"x" * 200)  # no line end yet: 1106 bytes
+    assert isinstance(raised.value, httpx.RemoteProtocolError)  # a broken stream to the run
+    assert decoder.held == 0
+
+
+def test_a_line_that_ends_past_the_limit_in_a_later_read_raises_too() -> None:
+    decoder = SSEDecoder(max_event_bytes=1000)
+    decoder.feed(b"data: " + b"x" * 600)
+    with pytest.raises(EventTooLarge):
+        decoder.feed(b"x" * 600 + b"\ndata: y")  # ended, but its event goes on
+    assert decoder.held == 0
+
+
+def test_an_event_of_many_data_lines_over_the_limit_raises() -> None:
+    decoder = SSEDecoder(max_event_bytes=1000)
+    for _ in range(10):  # no blank line: one event, 1000 bytes of data
+        assert decoder.feed(b"data: " + b"x" * 100 + b"\n") == []
+    with pytest.raises(EventTooLarge):
+        decoder.feed(b"data: " + b"x" * 100 + b"\n")
+    assert decoder.held == 0
+
+
+def test_a_huge_line_is_refused_without_being_buffered_whole() -> None:
+    limit = 64 * 1024
+    parts = [b'data: {"content": "a"}\n\ndata: '] + [b"x" * 4096] * 10_000  # 40 MB
+    fed = 0
+
+    async def collect() -> list[bytes]:
+        nonlocal fed
+
+        class Counting(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                nonlocal fed
+                for part in parts:
+                    fed += len(part)
+                    yield part
+
+        response = httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=Counting()
+        )
+        return [data async for data in aiter_data(response, limit)]
+
+    with pytest.raises(EventTooLarge):
+        asyncio.run(collect())
+    assert fed < 2 * limit  # it stopped reading at the limit
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=PAYLOADS,
+    newline=st.sampled_from(["\n", "\r\n", "\r"]),
+    cuts=st.lists(st.integers(min_value=0), max_size=40),
+)
+def test_events_up_to_the_limit_decode_however_they_are_split(
+    payloads: list[dict[str, str]], newline: str, cuts: list[int]
+) -> None:
+    lines = ["data: " + orjson.dumps(payload).decode() for payload in payloads]
+    body = "".join(line + newline + newline for line in lines).encode()
+    limit = max(len(line.encode()) for line in lines)  # the longest line, exactly
+    data = decode(split_at(body, cuts), max_event_bytes=limit)
+    assert [orjson.loads(d) for d in data] == payloads

@@ -1,0 +1,142 @@
+"""``/readyz`` follows Redis: it turns 503 within a second or two of Redis dying,
+on standalone and on Cluster, and 200 again once it is back, each answer within
+the store check's bound (0.5 s), however busy the gateway's own Redis connections.
+
+The gateway runs in-process; Redis is the test's own ``redis-server`` (killed with
+SIGKILL, or frozen with SIGSTOP, which is what a network partition looks like).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.chaos import ChaosUpstream
+from gateway.checkpoint.model import Flush, RunRecord, RunState, owner_hash
+from gateway.checkpoint.redis import RedisStore
+from gateway.context import STORE_CHECK_TIMEOUT
+from tests.redis_cluster import running_cluster
+from tests.redis_server import RedisServer, running_redis
+from tests.servers import RunningGateway, gateway_config, running_gateway
+
+SLACK = 0.25  # seconds a loaded 2-core machine may add to an answer
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        if server.process is None:
+            pytest.skip("needs a local redis-server to kill or freeze")
+        yield server
+
+
+def readiness(gateway: RunningGateway) -> tuple[int, str | None, float]:
+    """Status, reason and how long ``/readyz`` took to answer."""
+    started = time.monotonic()
+    response = httpx.get(gateway.url + "/readyz", timeout=5)
+    reason: str | None = response.json().get("reason")
+    return response.status_code, reason, time.monotonic() - started
+
+
+def wait_for_readiness(gateway: RunningGateway, status: int, within: float) -> str | None:
+    """Probe until ``/readyz`` answers ``status``, as a prober would; its reason."""
+    deadline = time.monotonic() + within
+    while True:
+        got, reason, took = readiness(gateway)
+        assert took < STORE_CHECK_TIMEOUT + SLACK, f"/readyz took {took:.2f} s"
+        if got == status:
+            return reason
+        assert time.monotonic() < deadline, f"/readyz still {got} ({reason}) after {within} s"
+        time.sleep(0.05)
+
+
+def durable_gateway(chaos: ChaosUpstream, url: str, **state: Any) -> Any:
+    return running_gateway(gateway_config(chaos.base_url, state={"redis_url": url} | state))
+
+
+def test_readyz_turns_503_within_a_second_of_redis_being_killed_and_200_when_it_is_back(
+    chaos: ChaosUpstream, redis_server: RedisServer
+) -> None:
+    with durable_gateway(chaos, redis_server.url) as gateway:
+        wait_for_readiness(gateway, 200, within=0)
+        redis_server.stop()  # SIGKILL
+        killed = time.monotonic()
+        reason = wait_for_readiness(gateway, 503, within=2)
+        assert time.monotonic() - killed < 1
+        assert reason is not None and reason.startswith("redis unreachable")
+        assert gateway.metrics.registry.get_sample_value("gateway_ready") == 0
+        redis_server.restart()  # same port, empty
+        wait_for_readiness(gateway, 200, within=3)
+        assert gateway.metrics.registry.get_sample_value("gateway_ready") == 1
+
+
+def test_readyz_answers_503_within_its_bound_when_redis_is_frozen(
+    chaos: ChaosUpstream, redis_server: RedisServer
+) -> None:
+    # A frozen Redis (or a partition, or a host that vanished) answers nothing, not
+    # even a reset: only the check's own timeout can say it is gone.
+    process = redis_server.process
+    assert process is not None
+    with durable_gateway(chaos, redis_server.url) as gateway:
+        wait_for_readiness(gateway, 200, within=0)
+        process.send_signal(signal.SIGSTOP)
+        try:
+            status, reason, took = readiness(gateway)
+            assert status == 503, reason
+            assert reason == "redis unreachable: TimeoutError"
+            assert took < STORE_CHECK_TIMEOUT + SLACK
+        finally:
+            process.send_signal(signal.SIGCONT)
+        wait_for_readiness(gateway, 200, within=3)
+
+
+def test_readyz_stays_ready_and_quick_while_tails_hold_every_pooled_connection(
+    chaos: ChaosUpstream, redis_server: RedisServer
+) -> None:
+    # A run another replica relays: a resume here tails it with blocking reads (up to
+    # a second each), on the only connection of a pool of one.
+    run_id = "relayed-elsewhere"
+
+    async def store_a_live_run() -> None:
+        store = RedisStore(redis_server.url)
+        try:
+            owner = owner_hash(await store.owner_key(), None)
+            record = RunRecord(run_id, owner, "*", {"model": "m"}, 0.0).encode()
+            state = RunState(seq=1, status="running", leg=0, splice_leg=0).encode()
+            event = b'data: {"choices": []}\n\n'
+            await store.write(
+                [Flush(run_id, 1, event, 1, state, record, lease="other", lease_ttl=60)]
+            )
+        finally:
+            await store.aclose()
+
+    asyncio.run(store_a_live_run())
+    with (
+        durable_gateway(chaos, redis_server.url, pool_size=1, lease_ttl=60) as gateway,
+        httpx.stream("GET", f"{gateway.base_url}/runs/{run_id}/events?after=1") as tail,
+    ):
+        assert tail.status_code == 200
+        time.sleep(0.2)  # the tail is blocked in its first read
+        for _ in range(5):
+            status, reason, took = readiness(gateway)
+            assert (status, reason) == (200, None)
+            assert took < 0.2  # not queued behind a tail's read
+            time.sleep(0.15)
+
+
+def test_readyz_on_a_cluster_reports_any_dead_primary(chaos: ChaosUpstream) -> None:
+    # A Cluster's PING goes to one node unless told otherwise; a run may live on any.
+    with running_cluster() as cluster, durable_gateway(chaos, cluster.url) as gateway:
+        wait_for_readiness(gateway, 200, within=0)
+        last = cluster.nodes[-1]  # serves slot 16383: not the node the URL names
+        last.stop()
+        reason = wait_for_readiness(gateway, 503, within=2)
+        assert reason is not None and reason.startswith("redis unreachable")
+        last.restart()  # rejoins with its slots (its nodes.conf survived)
+        wait_for_readiness(gateway, 200, within=5)
