@@ -18,6 +18,7 @@ class Cause(enum.StrEnum):
     IDLE = "idle"  # no byte for idle_timeout after the stream started
     IN_BAND_ERROR = "in_band_error"
     TRUNCATED = "truncated"  # clean end of body with no finish_reason
+    SLOW = "slow"  # below the route's min_throughput: the next leg at once
     REPLICA_LOST = "replica_lost"  # the gateway replica relaying the run died (crash resume)
     DETACHED = "detached"  # the run was stopped while no client listened; resumed later
 
@@ -41,6 +42,7 @@ DESCRIPTIONS = {
     Cause.IDLE: "stalled mid-stream (idle timeout)",
     Cause.IN_BAND_ERROR: "sent an error event",
     Cause.TRUNCATED: "ended the stream without a finish_reason",
+    Cause.SLOW: "streamed below the minimum throughput",
     Cause.REPLICA_LOST: "was being relayed by a gateway replica that stopped",
     Cause.DETACHED: "was stopped while no client was listening",
 }

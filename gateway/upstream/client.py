@@ -7,32 +7,42 @@ errors, so handlers never see a transport exception before the stream starts.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import httpx
 
-from gateway.config import Limits, Upstream
+from gateway.config import Continuation, Limits, Upstream
 from gateway.errors import UpstreamFailure, UpstreamTimeout
 from gateway.recovery.classify import Cause, classify_transport_error
+from gateway.upstream.breaker import CircuitBreakers, OnChange
+from gateway.upstream.headers import (
+    CREDENTIALS,
+    OWN_CREDENTIALS,
+    answer_metadata,
+    end_to_end_headers,
+    forwarded_request_headers,
+)
 from gateway.upstream.routes import ResolvedLeg
+from gateway.upstream.target import upstream_url
 from gateway.upstream.transport import Http1Transport
 
-# RFC 9110 section 7.6.1 plus the headers httpx sets from the body it sends.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
+# Continuation modes whose request ends with an assistant message for the model to go on.
+PREFILL_MODES = frozenset({"vllm", "prefix", "prefix_echo"})
+REDACTED = b"[redacted]"
+MAX_ERROR_BYTES = 1024 * 1024  # an upstream's error body is relayed up to this size
+
+
+def _secrets_of(upstreams: Iterable[Upstream]) -> tuple[bytes, ...]:
+    """Every configured credential, longest first (so none is left half-replaced)."""
+    values = set()
+    for upstream in upstreams:
+        if upstream.api_key is not None:
+            values.add(upstream.api_key.get_secret_value())
+        values.update(v.get_secret_value() for v in upstream.headers.values())
+    # Very short values would redact ordinary text; no real credential is that short.
+    return tuple(sorted((v.encode() for v in values if len(v) >= 8), key=len, reverse=True))
 
 
 class UpstreamHTTPError(Exception):
@@ -45,18 +55,15 @@ class UpstreamHTTPError(Exception):
         self.content = content
 
 
-def end_to_end_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
-
-
 @contextmanager
-def map_open_errors(upstream: Upstream) -> Iterator[None]:
+def map_open_errors(leg: ResolvedLeg) -> Iterator[None]:
     """Translate failures while waiting for response headers into 502/504."""
+    upstream = leg.upstream
     try:
         yield
     except TimeoutError:
         raise UpstreamTimeout(
-            f"Upstream {upstream.name!r} sent no response within {upstream.timeouts.first_byte:g}s."
+            f"Upstream {upstream.name!r} sent no response within {leg.timeouts.first_byte:g}s."
         ) from None
     except httpx.TransportError as exc:
         cause = classify_transport_error(exc)
@@ -67,15 +74,53 @@ def map_open_errors(upstream: Upstream) -> Iterator[None]:
 
 
 class UpstreamClient:
-    def __init__(self, upstreams: Iterable[Upstream], limits: Limits) -> None:
+    """The app's upstream client (one pool); ``for_client`` gives one request's view of it."""
+
+    def __init__(
+        self,
+        upstreams: Iterable[Upstream],
+        limits: Limits,
+        *,
+        on_circuit_change: OnChange | None = None,
+    ) -> None:
+        # Each upstream's circuit breaker, shared by the views (``for_client``).
+        self.circuits = CircuitBreakers(upstreams, on_change=on_circuit_change)
         self._transport = Http1Transport(
             tls=httpx.create_ssl_context(),
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
         )
-        # The static part of each upstream's headers, and its chat URL, built once.
+        # The static part of each upstream's headers, and its URLs, parsed once.
         self._headers = {u.name: self._static_headers(u) for u in upstreams}
-        self._chat_urls = {u.name: httpx.URL(u.root + "/chat/completions") for u in upstreams}
+        self._secrets = _secrets_of(upstreams)
+        # (upstream, model) pairs that refused a continuation with a trailing assistant
+        # message: from then on they are continued in prompt mode (shared by the views).
+        self._no_prefill: set[tuple[str, str]] = set()
+        self._roots = {u.name: httpx.URL(u.base_url) for u in upstreams}
+        self._chat_urls = {
+            name: upstream_url(root, "/chat/completions") for name, root in self._roots.items()
+        }
+        self.max_event_bytes = limits.max_event_bytes  # one SSE line or event (sse.py)
+        # Set on a view by ``for_client``: what goes upstream from its client, and what
+        # comes back to it from the first response that answered (the app's client keeps
+        # none: its runs are takeovers, whose client gets no response headers from them).
+        self._view = False
+        self._client_headers: dict[str, str] = {}
+        self.answer_metadata: dict[str, str] | None = None
+
+    def for_client(
+        self, headers: Iterable[tuple[str, str]], *, credentials: bool
+    ) -> UpstreamClient:
+        """This client, for one client's run: the client's forwardable headers go with
+        every chat completion it opens, and the first answer's metadata is kept for the
+        client's response (``headers.py``). It shares the pool: only the app's client,
+        not a view, is closed. ``credentials``: whether the gateway has no keys, so a
+        client's own credential headers may go to an upstream without one."""
+        view = copy.copy(self)
+        view._view = True
+        view._client_headers = forwarded_request_headers(headers, credentials=credentials)
+        view.answer_metadata = None
+        return view
 
     async def _send(
         self,
@@ -103,17 +148,72 @@ class UpstreamClient:
             headers["authorization"] = f"Bearer {upstream.api_key.get_secret_value()}"
         return headers
 
-    def auth_headers(self, upstream: Upstream, client_authorization: str | None) -> dict[str, str]:
-        """Configured headers; the client's Authorization only if the upstream has no key."""
-        headers = dict(self._headers[upstream.name])
-        if client_authorization is not None and "authorization" not in headers:
+    def request_headers(
+        self,
+        upstream: Upstream,
+        client_headers: Mapping[str, str],
+        client_authorization: str | None,
+    ) -> dict[str, str]:
+        """What goes to ``upstream``: the client's forwardable headers, then the upstream's
+        configured ones. The client's credentials only if the upstream has none of its own.
+        """
+        own = self._headers[upstream.name]
+        headers = dict(client_headers)
+        if own.keys() & OWN_CREDENTIALS:
+            for name in CREDENTIALS & headers.keys():
+                del headers[name]
+        elif client_authorization is not None:
             headers["authorization"] = client_authorization
+        headers.update(own)
         return headers
 
+    def continuation_of(self, leg: ResolvedLeg) -> Continuation:
+        """How ``leg`` continues an answer: its configured mode, or ``prompt`` once its
+        model refused a trailing assistant message (``refuses_prefill``)."""
+        mode = leg.continuation
+        if mode in PREFILL_MODES and (leg.upstream.name, leg.model) in self._no_prefill:
+            return "prompt"
+        return mode
+
+    def refuses_prefill(self, leg: ResolvedLeg) -> None:
+        """Remember that ``leg``'s model answers a trailing assistant message with a 4xx."""
+        self._no_prefill.add((leg.upstream.name, leg.model))
+
+    def scrub(self, data: bytes) -> bytes:
+        """``data`` with every configured upstream secret replaced: an upstream that
+        echoes its key (in a 401, an error event) must not hand it to a client."""
+        for secret in self._secrets:
+            if secret in data:
+                data = data.replace(secret, REDACTED)
+        return data
+
+    async def read_error(
+        self, response: httpx.Response
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """An error answer, read (up to ``MAX_ERROR_BYTES``), closed, and scrubbed."""
+        content = bytearray()
+        try:
+            async for part in response.aiter_bytes():
+                content += part
+                if len(content) > MAX_ERROR_BYTES:
+                    del content[MAX_ERROR_BYTES:]
+                    break
+        except httpx.TransportError:
+            pass  # the error body broke off: relay what arrived of it
+        finally:
+            await response.aclose()
+        headers = [
+            # httpx decodes header values as UTF-8 when they are: back to Latin-1, which
+            # is all a response header can carry, with "?" for what it cannot.
+            (k, self.scrub(v.encode("latin-1", "replace")).decode("latin-1"))
+            for k, v in end_to_end_headers(response.headers.multi_items())
+        ]
+        return response.status_code, headers, self.scrub(bytes(content))
+
     @staticmethod
-    def timeout(upstream: Upstream, idle: float) -> httpx.Timeout:
-        t = upstream.timeouts
-        return httpx.Timeout(connect=t.connect, read=idle, write=t.connect, pool=t.connect)
+    def timeout(leg: ResolvedLeg, idle: float) -> httpx.Timeout:
+        connect = leg.timeouts.connect
+        return httpx.Timeout(connect=connect, read=idle, write=connect, pool=connect)
 
     async def open_stream(
         self,
@@ -128,49 +228,49 @@ class UpstreamClient:
         ``UpstreamHTTPError`` with the body read; transport failures raise 502/504.
         """
         upstream = leg.upstream
-        headers = self.auth_headers(upstream, client_authorization)
+        headers = self.request_headers(upstream, self._client_headers, client_authorization)
         headers["content-type"] = "application/json"
         headers["accept"] = "text/event-stream"
         # Compression would make proxies and the decoder buffer small SSE frames.
         headers["accept-encoding"] = "identity"
-        with map_open_errors(upstream):
+        with map_open_errors(leg):
             response = await self._send(
                 "POST",
                 self._chat_urls[upstream.name],
                 headers,
                 body,
-                self.timeout(upstream, idle_timeout),
-                upstream.timeouts.first_byte,
+                self.timeout(leg, idle_timeout),
+                leg.timeouts.first_byte,
             )
             if response.status_code >= 400:
-                try:
-                    content = await response.aread()
-                finally:
-                    await response.aclose()
-                raise UpstreamHTTPError(
-                    response.status_code,
-                    end_to_end_headers(response.headers.multi_items()),
-                    content,
-                )
+                status, headers_out, content = await self.read_error(response)
+                raise UpstreamHTTPError(status, headers_out, content)
+        if self._view and self.answer_metadata is None:
+            self.answer_metadata = answer_metadata(response.headers.multi_items())
         return response
 
     async def forward(
         self,
-        upstream: Upstream,
+        leg: ResolvedLeg,
         method: str,
-        path_and_query: str,
+        target: str,
         headers: Mapping[str, str],
         content: bytes,
     ) -> httpx.Response:
-        """Send any other request through unchanged; the response is returned open."""
-        with map_open_errors(upstream):
+        """Send any other request through unchanged; the response is returned open.
+
+        ``target`` is a path and query checked by ``relay_target`` (or a constant): it
+        goes under the upstream's base URL and can never change its authority.
+        """
+        url = upstream_url(self._roots[leg.upstream.name], target)
+        with map_open_errors(leg):
             return await self._send(
                 method,
-                upstream.root + path_and_query,
+                url,
                 headers,
                 content,
-                self.timeout(upstream, upstream.timeouts.idle),
-                upstream.timeouts.first_byte,
+                self.timeout(leg, leg.timeouts.idle),
+                leg.timeouts.first_byte,
             )
 
     async def aclose(self) -> None:

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.config import GatewayConfig, Retry, Route, Upstream
+from gateway.config import (
+    Continuation,
+    GatewayConfig,
+    MinThroughput,
+    Retry,
+    Route,
+    Timeouts,
+    Upstream,
+)
 from gateway.errors import NotFound
 
 
@@ -12,6 +23,19 @@ from gateway.errors import NotFound
 class ResolvedLeg:
     upstream: Upstream
     model: str
+    timeouts: Timeouts  # the upstream's, with the route's overrides applied
+    continuation_override: Continuation | None = None  # the route leg's own
+
+    @property
+    def continuation(self) -> Continuation:
+        """How this leg continues an answer: the leg's own setting, else the upstream's
+        for this model (``continuation_models``), else the upstream's default."""
+        if self.continuation_override is not None:
+            return self.continuation_override
+        for pattern, mode in self.upstream.continuation_models.items():
+            if fnmatch.fnmatchcase(self.model, pattern):
+                return mode
+        return self.upstream.continuation
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +44,13 @@ class ResolvedRoute:
     legs: tuple[ResolvedLeg, ...]
     retry: Retry
     continuation_prompt: str
+    continuation_anchor: bool = True
+    min_throughput: MinThroughput | None = None  # off unless the route sets one
+
+    def with_fallbacks(self, fallbacks: Sequence[ResolvedLeg]) -> ResolvedRoute:
+        """This route with its primary and ``fallbacks`` in place of its own (a request's
+        ``fallbacks`` field, api/fields.py)."""
+        return dataclasses.replace(self, legs=(self.legs[0], *fallbacks))
 
 
 class Router:
@@ -42,10 +73,19 @@ class Router:
 
     def _resolve(self, route: Route, model: str) -> ResolvedRoute:
         legs = tuple(
-            ResolvedLeg(self._config.upstream(leg.upstream), leg.model or model)
+            self._leg(
+                route, self._config.upstream(leg.upstream), leg.model or model, leg.continuation
+            )
             for leg in route.legs
         )
-        return ResolvedRoute(route.match, legs, route.retry, route.continuation_prompt)
+        return ResolvedRoute(
+            route.match,
+            legs,
+            route.retry,
+            route.continuation_prompt,
+            route.continuation_anchor,
+            route.min_throughput,
+        )
 
     def literal_models(self) -> list[str]:
         """Route patterns that name one model exactly (no glob characters)."""
@@ -54,4 +94,13 @@ class Router:
     def default_leg(self) -> ResolvedLeg:
         """Where requests without a model go: the last route's primary (the catch-all)."""
         route = self._routes[-1]
-        return ResolvedLeg(self._config.upstream(route.upstream), route.model or "")
+        return self._leg(route, self._config.upstream(route.upstream), route.model or "")
+
+    @staticmethod
+    def _leg(
+        route: Route, upstream: Upstream, model: str, continuation: Continuation | None = None
+    ) -> ResolvedLeg:
+        timeouts = upstream.timeouts
+        if route.timeouts is not None:
+            timeouts = route.timeouts.applied_to(timeouts)
+        return ResolvedLeg(upstream, model, timeouts, continuation)

@@ -136,12 +136,32 @@ def test_two_interruptions_in_one_run(sdk: OpenAI, chaos: ChaosUpstream) -> None
     assert len(chaos.requests) == 3
 
 
-def test_echoed_tail_is_trimmed_and_counted(sdk: OpenAI, recovering: RunningGateway) -> None:
-    model = "chaos:text=30,seed=25,fault=reset,at=10,times=1,echo=12"
-    before = recovering.metrics.registry.get_sample_value("gateway_seam_trimmed_characters_total")
+def test_the_anchor_a_prompt_continuation_repeats_is_cut_and_counted(
+    sdk: OpenAI, recovering: RunningGateway, chaos: ChaosUpstream
+) -> None:
+    model = "chaos:text=30,seed=25,fault=reset,at=10,times=1"
+    registry = recovering.metrics.registry
+    before = registry.get_sample_value("gateway_seam_trimmed_characters_total") or 0
+    echoes = registry.get_sample_value("gateway_seams_total", {"cut": "echo"}) or 0
     assert stream_chat(sdk, model).text == expected_answer(model).text
-    after = recovering.metrics.registry.get_sample_value("gateway_seam_trimmed_characters_total")
-    assert after is not None and after - (before or 0) == 12
+    prompt = chaos.requests_for(model)[-1].body["messages"][-1]["content"]
+    anchor = prompt[prompt.rindex("<<<") + 3 : -3]
+    assert anchor and expected_answer(model).text.count(anchor)  # quoted from the answer
+    after = registry.get_sample_value("gateway_seam_trimmed_characters_total")
+    assert after is not None and after - before == len(anchor)
+    assert registry.get_sample_value("gateway_seams_total", {"cut": "echo"}) == echoes + 1
+
+
+def test_a_model_that_ignores_the_anchor_is_released_untrimmed_and_counted(
+    sdk: OpenAI, recovering: RunningGateway
+) -> None:
+    # anchor=0: the continuation is exactly the rest (no echo), even where the answer
+    # repeats the words before the seam; nothing may be cut from it.
+    model = "chaos:text=60,seed=25,fault=reset,at=10,times=1,anchor=0"
+    registry = recovering.metrics.registry
+    untrimmed = registry.get_sample_value("gateway_seams_total", {"cut": "none"}) or 0
+    assert stream_chat(sdk, model).text == expected_answer(model).text
+    assert registry.get_sample_value("gateway_seams_total", {"cut": "none"}) == untrimmed + 1
 
 
 @pytest.mark.parametrize("fault", ["http_503", "http_429", "http_500", "reset_before"])
@@ -183,7 +203,36 @@ def test_one_usage_chunk_after_a_recovery(sdk: OpenAI) -> None:
     recovered = stream_chat(sdk, model, stream_options={"include_usage": True})
     assert recovered.text == expected_answer(model).text
     assert len(recovered.usage) == 1
-    assert recovered.usage[0].completion_tokens == 12  # 20 deltas, 8 sent before the cut
+    # 20 deltas, 8 sent before the cut, and the anchor the continuation quoted back.
+    assert recovered.usage[0].completion_tokens == 12 + 1
+
+
+def test_a_finish_with_the_completed_calls_after_a_break_sends_one_usage_chunk(
+    sdk: OpenAI, chaos: ChaosUpstream
+) -> None:
+    # The leg breaks after tool_0 is whole: no upstream call follows, and the broken
+    # leg never reported usage, yet the client asked for it (the outside soak's case).
+    model = "chaos:text=2,tools=2,arg_deltas=2,seed=33,fault=reset,at=5,times=1,usage=1"
+    chaos.requests.clear()
+    received = stream_chat(sdk, model, stream_options={"include_usage": True})
+    assert received.finish_reasons == ["tool_calls"] and len(received.tool_calls) == 1
+    assert len(chaos.requests) == 1
+    assert [u.total_tokens for u in received.usage] == [0]
+
+
+def test_a_failed_run_sends_its_usage_chunk_before_the_error(sdk: OpenAI) -> None:
+    received = Received()
+    with pytest.raises(openai.APIError, match="content"):
+        receive(
+            sdk.chat.completions.create(
+                model="chaos:text=20,seed=34,fault=error_fatal,at=5,times=1,usage=1",
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True},
+            ),
+            received,
+        )
+    assert len(received.usage) == 1 and received.text
 
 
 def test_budget_spent_ends_with_an_error_naming_the_dropped_tool(
