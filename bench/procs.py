@@ -11,8 +11,10 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
+import orjson
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -162,6 +164,14 @@ def machine() -> str:
         f"nproc={os.cpu_count()}, {model}, {memory:.0f} GiB; Python {platform.python_version()}; "
         f"{platform.system()} {platform.release()}; redis-server {redis}"
     )
+
+
+def write_report(out: Path, name: str, report: dict[str, Any], text: str, logs: Path) -> None:
+    """``name``.json and ``name``.md in ``out``, and the markdown printed."""
+    (out / f"{name}.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    (out / f"{name}.md").write_text(text + "\n")
+    print(text)
+    print(f"\nwrote {out / f'{name}.json'}, {out / f'{name}.md'} and the processes' logs in {logs}")
 
 
 def commit() -> str:

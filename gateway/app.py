@@ -17,7 +17,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -28,8 +28,9 @@ from gateway.api.runs import run_events
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.context import Gateway
 from gateway.errors import GatewayError, error_body
+from gateway.listen import STATE_KEY, ListenLimits
 from gateway.metrics import Metrics, process_exited, sweep_dead_workers
-from gateway.observe import Observer
+from gateway.observe import CLIENT_CLOSED, Observer
 
 logger = logging.getLogger("gateway")
 
@@ -47,6 +48,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     message = exc.detail if exc.status_code != 404 else f"Unknown path {request.url.path}."
     body = orjson.dumps(error_body(message, "invalid_request_error", str(exc.status_code)))
     return Response(body, exc.status_code, media_type="application/json", headers=exc.headers)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # The client left (or was cut off at listen.body_timeout) while its body was read:
+    # nobody will read an answer, and it is not the gateway's error.
+    return Response(status_code=CLIENT_CLOSED)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
@@ -87,14 +94,15 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
     metrics = metrics if metrics is not None else Metrics()
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         sweep_dead_workers()
         gateway = Gateway(config, metrics)
         app.state.gateway = gateway
         await gateway.start()
         restore_sigterm = drain_on_sigterm(gateway)
         try:
-            yield
+            # The lifespan state reaches uvicorn's protocol instances (gateway.listen).
+            yield {STATE_KEY: ListenLimits.of(config)}
         finally:
             restore_sigterm()
             await gateway.aclose()
@@ -116,6 +124,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
             Exception: _unexpected_error,
         },
     )

@@ -3,26 +3,78 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
+import logging.config
 import os
 import sys
 from collections.abc import Sequence
 
 from gateway.app import CONFIG_ENV
 from gateway.config import ConfigError, GatewayConfig, default_config, describe, load_config
+from gateway.logs import config as logging_config
+from gateway.upstream.headers import OWN_CREDENTIALS
+
+logger = logging.getLogger(__name__)
 
 
 def _load(path: str | None) -> GatewayConfig:
     return load_config(path) if path else default_config()
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name, "" (all interfaces in some stacks): assume reachable
+
+
+def open_proxy_warning(config: GatewayConfig, host: str) -> str | None:
+    """What to warn about when anyone who reaches ``host`` can spend an upstream's key.
+
+    That is: an upstream holds a credential of its own (``api_key``, or an
+    ``Authorization`` / ``api-key`` / ``x-api-key`` header), the gateway asks clients
+    for no key (``auth.keys`` empty), and it listens beyond loopback. The message
+    names the upstreams, never their keys. None when there is nothing to warn about.
+    """
+    if config.auth.keys or is_loopback(host):
+        return None
+    keyed = [
+        upstream.name
+        for upstream in config.upstreams
+        if (upstream.api_key is not None and upstream.api_key.get_secret_value())
+        or {name.lower() for name in upstream.headers} & OWN_CREDENTIALS
+    ]
+    if not keyed:
+        return None
+    names = ", ".join(repr(name) for name in keyed)
+    return (
+        f"open proxy: listening on {host} with no gateway keys (auth.keys is empty), so "
+        f"anyone who can reach it spends the API key of upstream {names}. To fix: set "
+        "gateway keys that clients must send (GATEWAY_KEYS=k1,k2 with the embedded "
+        "defaults, or auth.keys in a config file), or listen on loopback only "
+        "(--host 127.0.0.1)."
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.serve import serve
 
     config = _load(args.config)  # fail fast, in the parent, with a clear message
+    host = args.host or config.listen.host
+    if warning := open_proxy_warning(config, host):
+        # Once, from the parent (not once per worker), formatted as every other line:
+        # uvicorn applies the same logging config again when it starts.
+        level = args.log_level or config.logging.level
+        logging.config.dictConfig(logging_config(level, args.log_format or config.logging.format))
+        logger.warning(warning)
     serve(
         config,
         config_path=args.config,
-        host=args.host,
+        host=host,
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,

@@ -29,7 +29,7 @@ from pydantic import (
 ENV_PREFIX = "GATEWAY_"
 DEFAULT_UPSTREAM_URL = "https://api.openai.com/v1"
 
-Continuation = Literal["prompt", "vllm", "prefix", "none"]
+Continuation = Literal["prompt", "vllm", "prefix", "prefix_echo", "none"]
 
 
 class ConfigError(Exception):
@@ -46,6 +46,10 @@ class Listen(_Model):
     # On SIGTERM: stop accepting, give running streams this long to finish, then
     # checkpoint the rest and end their client streams with a resumable error.
     drain_timeout: float = Field(default=25.0, ge=0)
+    # A client must send a request's head within this long of connecting (or of the
+    # first byte of its next request); its body may not go silent for this long.
+    header_timeout: float = Field(default=15.0, gt=0)
+    body_timeout: float = Field(default=30.0, gt=0)
 
 
 class Logging(_Model):
@@ -64,6 +68,27 @@ class Timeouts(_Model):
     idle: float = Field(default=60.0, gt=0, description="longest silence once the stream started")
 
 
+class TimeoutOverrides(_Model):
+    """A route's timeouts: each one set replaces the upstream's for that route's requests."""
+
+    connect: float | None = Field(default=None, gt=0)
+    first_byte: float | None = Field(default=None, gt=0)
+    idle: float | None = Field(default=None, gt=0)
+
+    def applied_to(self, timeouts: Timeouts) -> Timeouts:
+        update = {k: v for k, v in self.model_dump().items() if v is not None}
+        return timeouts.model_copy(update=update) if update else timeouts
+
+
+class Circuit(_Model):
+    """Circuit breaking for one upstream (README, "Recovery")."""
+
+    # Failures in a row (connect error, 5xx/529, first-byte timeout, broken stream)
+    # that open the circuit; 0 disables circuit breaking for the upstream.
+    failures: int = Field(default=5, ge=0)
+    cooldown: float = Field(default=30.0, gt=0)  # seconds skipped before one probe
+
+
 class Upstream(_Model):
     name: str = Field(min_length=1)
     base_url: str = Field(pattern=r"^https?://")  # up to, not including, /chat/completions
@@ -71,6 +96,11 @@ class Upstream(_Model):
     headers: dict[str, SecretStr] = Field(default_factory=dict)
     timeouts: Timeouts = Timeouts()
     continuation: Continuation = "prompt"
+    # Continuation is a property of the model: globs of model names (first match
+    # wins) with their own mode, e.g. {"claude-*": prompt} on an upstream whose
+    # default is prefix. A leg's own `continuation` wins over both.
+    continuation_models: dict[str, Continuation] = Field(default_factory=dict)
+    circuit: Circuit = Circuit()
 
     @property
     def root(self) -> str:
@@ -82,11 +112,12 @@ class Leg(_Model):
     model: str | None = Field(
         default=None, description="model sent upstream; default: the client's"
     )
+    continuation: Continuation | None = None  # default: the upstream's, by model
 
 
 DEFAULT_CONTINUATION_PROMPT = (
-    "Your previous message was cut off. Continue it exactly where it stopped: do not "
-    "repeat any of it, do not add a preamble, and keep the same language and format."
+    "Your previous message was cut off. Continue it exactly where it stopped, without "
+    "a preamble, in the same language and format."
 )
 
 
@@ -99,17 +130,37 @@ class Retry(_Model):
     idle_retry_delay: float = Field(default=0.2, ge=0)  # after an idle stall
 
 
+class MinThroughput(_Model):
+    """The slowest a route's stream may be before it moves to the next leg (README,
+    "Recovery"): characters of content, reasoning and tool-call arguments per second
+    over the last ``window`` seconds, checked from ``grace`` seconds after the leg's
+    first event. Silence is the idle timeout's business, not this."""
+
+    chars_per_s: float = Field(gt=0)
+    window: float = Field(default=5.0, gt=0)
+    grace: float = Field(default=10.0, ge=0)
+
+
 class Route(_Model):
     match: str = Field(min_length=1)  # a model name or a glob, e.g. gpt-4o*
     upstream: str
     model: str | None = None
+    continuation: Continuation | None = None  # the primary leg's; default: the upstream's
     fallbacks: list[Leg] = Field(default_factory=list)
     retry: Retry = Retry()
     continuation_prompt: str = Field(default=DEFAULT_CONTINUATION_PROMPT, min_length=1)
+    # Override the upstreams' timeouts for this route's requests, on every leg.
+    timeouts: TimeoutOverrides | None = None
+    # Ask prompt-mode legs to begin with the text's quoted last words, cut exactly at
+    # the seam; false: only a restart from the beginning is recognised and cut.
+    continuation_anchor: bool = True
+    # Off by default; never applied on the last leg, where a slow answer beats none.
+    min_throughput: MinThroughput | None = None
 
     @property
     def legs(self) -> list[Leg]:
-        return [Leg(upstream=self.upstream, model=self.model), *self.fallbacks]
+        primary = Leg(upstream=self.upstream, model=self.model, continuation=self.continuation)
+        return [primary, *self.fallbacks]
 
     def matches(self, model: str) -> bool:
         return fnmatch.fnmatchcase(model, self.match)
@@ -124,9 +175,19 @@ class Auth(_Model):
 
 class Limits(_Model):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # A request head (request line and headers) beyond either gets 431.
+    max_header_bytes: int = Field(default=64 * 1024, gt=0)
+    max_headers: int = Field(default=100, gt=0)
+    # How far (bytes) a client may fall behind its stream before the run stops reading
+    # the upstream until it catches up (back-pressure); one that reads nothing for
+    # state.detach_grace is no longer waited for, as if it had left.
+    max_client_lag_bytes: int = Field(default=1024 * 1024, gt=0)
     # httpx's default pool of 100 connections would cap concurrent streams at 100.
     max_connections: int = Field(default=4096, gt=0)
     max_keepalive_connections: int = Field(default=512, ge=0)
+    # One upstream SSE line or event; beyond it the stream counts as broken (and is
+    # recovered) rather than buffered: far above any real event, far below the RAM.
+    max_event_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
 
 
 REDIS_SCHEMES = (
@@ -152,6 +213,10 @@ class State(_Model):
     completed_ttl: float = Field(default=60.0, ge=0)  # kept for late resumers; 0 deletes
     detach_grace: float = Field(default=30.0, ge=0)  # a run without a client goes on this long
     lease_ttl: float = Field(default=5.0, gt=0)  # an owner silent this long is presumed dead
+    # A client stream with nothing to send for this long (a recovery's backoff, a long
+    # Retry-After) gets a ": keepalive" comment, so proxies do not time it out; never
+    # on a stream with event ids (a comment after an id: line breaks SDK decoders).
+    keepalive_interval: float = Field(default=15.0, gt=0)
     # Keys the hash of a run's credential; unset: shared through Redis (or per process).
     owner_key: SecretStr | None = None
 
@@ -276,7 +341,8 @@ def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
     """The embedded defaults: one upstream from the environment, in-memory state.
 
     ``GATEWAY_UPSTREAM_BASE_URL`` (default: OpenAI), ``GATEWAY_UPSTREAM_API_KEY``
-    (unset: the client's own key is passed through), ``GATEWAY_REDIS_URL``.
+    (unset: the client's own key is passed through), ``GATEWAY_KEYS`` (comma-separated
+    gateway keys clients must present; unset: none), ``GATEWAY_REDIS_URL``.
     The client-side ``OPENAI_*`` variables are deliberately not read: clients
     set ``OPENAI_BASE_URL`` to the gateway itself.
     """
@@ -288,6 +354,8 @@ def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
     if key := env.get(ENV_PREFIX + "UPSTREAM_API_KEY"):
         upstream["api_key"] = key
     data: dict[str, Any] = {"upstreams": [upstream]}
+    if keys := [k.strip() for k in env.get(ENV_PREFIX + "KEYS", "").split(",") if k.strip()]:
+        data["auth"] = {"keys": keys}
     if redis_url := env.get(ENV_PREFIX + "REDIS_URL"):
         data["state"] = {"redis_url": redis_url}
     return parse_config(data, "embedded defaults")
@@ -316,15 +384,34 @@ def describe(config: GatewayConfig) -> str:
     for u in config.upstreams:
         t = u.timeouts
         key = mask(u.api_key) if u.api_key else "(client's key passed through)"
+        c = u.circuit
+        circuit = f"circuit({c.failures} failures, {c.cooldown:g}s)" if c.failures else "no circuit"
         lines.append(
             f"  {u.name}: {u.root}  key={key}  continuation={u.continuation}  "
-            f"timeouts(connect={t.connect:g}s first_byte={t.first_byte:g}s idle={t.idle:g}s)"
+            f"timeouts(connect={t.connect:g}s first_byte={t.first_byte:g}s idle={t.idle:g}s)  "
+            + circuit
         )
         lines.extend(f"    header {h}: {mask(v)}" for h, v in u.headers.items())
+        lines.extend(
+            f"    continuation for {glob}: {mode}" for glob, mode in u.continuation_models.items()
+        )
     lines.append("routes (first match wins):")
     for route in config.effective_routes:
-        legs = " -> ".join(f"{leg.upstream}/{leg.model or '<requested>'}" for leg in route.legs)
-        lines.append(f"  {route.match}: {legs}")
+        legs = " -> ".join(
+            f"{leg.upstream}/{leg.model or '<requested>'}"
+            + (f" ({leg.continuation})" if leg.continuation else "")
+            for leg in route.legs
+        )
+        extra = []
+        if route.timeouts is not None:
+            overrides = route.timeouts.model_dump(exclude_none=True)
+            extra.append("timeouts(" + " ".join(f"{k}={v:g}s" for k, v in overrides.items()) + ")")
+        if route.min_throughput is not None:
+            m = route.min_throughput
+            extra.append(
+                f"min_throughput({m.chars_per_s:g} chars/s over {m.window:g}s after {m.grace:g}s)"
+            )
+        lines.append(f"  {route.match}: {legs}" + "".join("  " + e for e in extra))
     auth = f"{len(config.auth.keys)} gateway key(s)" if config.auth.keys else "pass-through"
     lines.append(f"auth: {auth}")
     state = config.state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -13,8 +14,15 @@ from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.config import GatewayConfig, State
 from gateway.metrics import Metrics
 from gateway.resume import Runs
+from gateway.upstream.breaker import CircuitState
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import Router
+
+logger = logging.getLogger("gateway.circuit")
+
+# Seconds /readyz waits for Redis: a dead or frozen Redis reads as not ready well
+# within the 1 s a Kubernetes probe waits by default.
+STORE_CHECK_TIMEOUT = 0.5
 
 
 class Gateway:
@@ -23,7 +31,9 @@ class Gateway:
         self.router = Router(config)
         self.metrics = metrics if metrics is not None else Metrics()
         self.auth = ClientAuth([k.get_secret_value().encode() for k in config.auth.keys])
-        self.upstreams = UpstreamClient(config.upstreams, config.limits)
+        self.upstreams = UpstreamClient(
+            config.upstreams, config.limits, on_circuit_change=self._circuit_changed
+        )
         self.store = make_store(config.state)
         self.runs = Runs(
             config.state,
@@ -31,12 +41,29 @@ class Gateway:
             metrics=self.metrics,
             router=self.router,
             upstreams=self.upstreams,
+            max_client_lag=config.limits.max_client_lag_bytes,
         )
         self.draining = False
         self._drain: asyncio.Task[None] | None = None
+        self._store_check: asyncio.Task[str | None] | None = None
+        for upstream in config.upstreams:  # every circuit starts closed, and says so
+            self.metrics.circuit_open.labels(upstream.name).set(0)
 
     async def start(self) -> None:
         self.runs.start()
+
+    def _circuit_changed(self, upstream: str, state: CircuitState) -> None:
+        self.metrics.circuit_transitions.labels(upstream, state.value).inc()
+        self.metrics.circuit_open.labels(upstream).set(state is not CircuitState.CLOSED)
+        # One line when it opens (again, after a failed probe) and when it closes.
+        if state is CircuitState.OPEN:
+            cooldown = self.config.upstream(upstream).circuit.cooldown
+            logger.warning(
+                "circuit open",
+                extra={"upstream": upstream, "cooldown_s": cooldown},
+            )
+        elif state is CircuitState.CLOSED:
+            logger.info("circuit closed", extra={"upstream": upstream})
 
     def begin_drain(self) -> None:
         """SIGTERM: report not ready, let streams finish up to the drain timeout, then
@@ -56,13 +83,19 @@ class Gateway:
         """Why this replica should not get traffic, or None when it is ready."""
         if self.draining:
             return "draining: the gateway is shutting down"
-        if isinstance(self.store, RedisStore):
-            try:
-                async with asyncio.timeout(1.0):
-                    await self.store.ping()
-            except Exception as exc:  # noqa: BLE001 - any failure means not ready
-                return f"redis unreachable: {type(exc).__name__}"
-        return None
+        if not isinstance(self.store, RedisStore):
+            return None
+        # Asked afresh for each probe or scrape, never cached: readiness is Redis's state
+        # now. Probes that arrive while a check is out share it (the store pings on one
+        # connection of its own), so Redis sees at most one PING at a time per process.
+        if self._store_check is None:
+            self._store_check = asyncio.get_running_loop().create_task(_store_problem(self.store))
+            self._store_check.add_done_callback(self._store_checked)
+        return await asyncio.shield(self._store_check)
+
+    def _store_checked(self, task: asyncio.Task[str | None]) -> None:
+        if self._store_check is task:
+            self._store_check = None
 
     async def aclose(self) -> None:
         try:
@@ -71,6 +104,15 @@ class Gateway:
         finally:
             await self.runs.aclose()  # runs first: their last checkpoints need the store
             await self.upstreams.aclose()
+
+
+async def _store_problem(store: RedisStore) -> str | None:
+    try:
+        async with asyncio.timeout(STORE_CHECK_TIMEOUT):
+            await store.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return f"redis unreachable: {type(exc).__name__}"
+    return None
 
 
 def make_store(config: State) -> CheckpointStore | None:

@@ -72,8 +72,8 @@ SCENARIOS = (
     ),
     Scenario(
         "An in-band error event (503, upstream overloaded) after 8 of 32 text deltas; "
-        "the continuation repeats the last 12 characters",
-        "chaos:text=32,seed=2,fault=error,at=8,times=1,echo=12",
+        "the continuation repeats the last words it was asked to quote back",
+        "chaos:text=32,seed=2,fault=error,at=8,times=1",
     ),
     Scenario(
         "The body ends with [DONE] but without a finish_reason after 20 of 32 text deltas "
@@ -537,7 +537,7 @@ def run_scenario(
     for seam in seams:
         report.field("seam", seam)
     if rescue.trimmed:
-        trimmed = f"{rescue.trimmed} characters the continuation repeated, cut before the client"
+        trimmed = f"{rescue.trimmed} characters the continuation quoted back, cut before the client"
         report.field("trimmed", trimmed)
     if scenario.rescuable:
         problems = differences(expected, received)

@@ -104,6 +104,20 @@ class Metrics:
             "Characters a continuation repeated at the seam, trimmed before the client.",
             registry=r,
         )
+        self.prefill_refusals = Counter(
+            "gateway_continuation_prefill_refused_total",
+            "Continuations refused for ending with an assistant message (prefill), by "
+            "upstream and mode; that upstream's model is continued in prompt mode from then on.",
+            ["upstream", "mode"],
+            registry=r,
+        )
+        self.seams = Counter(
+            "gateway_seams_total",
+            "Continuation seams by what was cut: echo (the anchor a prompt-mode model was "
+            "asked to repeat, or a prefix_echo upstream's prefix), restart, or none.",
+            ["cut"],
+            registry=r,
+        )
         self.tokens = Counter(
             "gateway_tokens_total",
             "Tokens upstreams reported in usage, by kind (prompt, completion) and leg.",
@@ -114,6 +128,21 @@ class Metrics:
             "gateway_relayed_bytes_total",
             "Response body bytes sent to clients, by route.",
             ["route"],
+            registry=r,
+        )
+        self.circuit_open = Gauge(
+            "gateway_circuit_open",
+            "1 while an upstream's circuit is open or half-open (its legs are skipped), "
+            "0 while closed; with several workers, the number of workers where it is not closed.",
+            ["upstream"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.circuit_transitions = Counter(
+            "gateway_circuit_transitions_total",
+            "Changes of an upstream's circuit state, by upstream and the state entered "
+            "(open, half_open, closed).",
+            ["upstream", "state"],
             registry=r,
         )
         self.malformed_events = Counter(

@@ -13,7 +13,9 @@ run is, decides how the rest is served (``kind`` in ``gateway_resumes_total``):
 - ``takeover``: nobody holds its lease (its replica died, or it was stopped after
   its detach grace): this process claims the lease (SET NX: exactly one replica
   wins), rebuilds the run from the checkpoint, and continues the upstream with
-  the recovery plan, as for a broken stream.
+  the recovery plan, as for a broken stream. The claim raises the run's epoch, so
+  if the old owner was only paused, its writes are refused when it wakes up: it
+  stops the run and tells its clients to resume (``run_moved``), which finds us.
 
 Ownership: only the credential that started a run resumes it. Locally the
 credentials are compared; in the store, keyed hashes. Anything else is a 404
@@ -55,6 +57,12 @@ class RunNotFound(NotFound):
     code = "run_not_found"
 
 
+class RunMoved(ServiceUnavailable):
+    """This replica lost a run to another one (its writes were fenced out)."""
+
+    code = "run_moved"
+
+
 def _not_found(run_id: str) -> RunNotFound:
     return RunNotFound(
         f"No run {run_id!r} can be resumed with this credential: it is unknown, it "
@@ -71,10 +79,12 @@ class Runs:
         metrics: Metrics,
         router: Router,
         upstreams: UpstreamClient,
+        max_client_lag: int = 1024 * 1024,
     ) -> None:
         self.config = config
         self.store = store
         self.metrics = metrics
+        self.max_client_lag = max_client_lag  # bytes a follower may fall behind its run
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         owner_key = config.owner_key.get_secret_value().encode() if config.owner_key else None
         self.writer = (
@@ -100,10 +110,17 @@ class Runs:
         *,
         created: float | None = None,
         resume: Cause | None = None,
+        epoch: int = 0,
     ) -> LocalRun:
         """Relay ``run`` in its own task, so that it outlives its client connection."""
         local = LocalRun(
-            self, run, log or RunLog(), credential=credential, created=created, resume=resume
+            self,
+            run,
+            log or RunLog(),
+            credential=credential,
+            created=created,
+            resume=resume,
+            epoch=epoch,
         )
         self.local[run.id] = local
         local.start_grace()  # cancelled by the first follower to attach
@@ -123,7 +140,8 @@ class Runs:
     def ended(self, local: LocalRun) -> None:
         # The last checkpoint: final status, lease released. The in-memory store takes
         # it in this call, so a resume finds the run here or in the store, never neither.
-        if self.writer is not None and not self.writer.write_in_process(local):
+        # A run lost to another replica writes nothing more: the checkpoint is the new owner's.
+        if self.writer is not None and not local.lost and not self.writer.write_in_process(local):
             local.checkpoint()
         if self.store is not None or local.status == "detached":
             # The store serves late resumers (a replay, or a takeover if detached);
@@ -218,7 +236,9 @@ class Runs:
         forward_authorization: str | None,
     ) -> AsyncIterator[bytes] | None:
         """Claim a run nobody holds and continue it here; None if another replica won."""
-        if not await store.claim(run_id, self.replica, self.config.lease_ttl):
+        epoch = await store.claim(run_id, self.replica, self.config.lease_ttl)
+        if epoch is None:
+            await self._load(store, run_id, credential)  # RunNotFound if it is gone meanwhile
             return None
         # Read again under the lease: the last owner may have written since.
         checkpoint = await self._load(store, run_id, credential)
@@ -241,8 +261,8 @@ class Runs:
             splice_leg=state.splice_leg,
             in_flight=[call.name or "unnamed tool" for call in state.in_flight],
         )
-        # A client ahead of the checkpoint skips regenerated events by count: no
-        # seam trimmer may merge two of them (README, "Crash resume").
+        # A client ahead of the checkpoint skips regenerated events by count: its
+        # continuation is asked to repeat nothing (README, "Crash resume").
         run.trim_next_seam = after <= len(checkpoint.events)
         cause = Cause.DETACHED if state.status == "detached" else Cause.REPLICA_LOST
         logger.info(
@@ -256,7 +276,12 @@ class Runs:
             },
         )
         local = self.adopt(
-            run, credential, RunLog(checkpoint.events), created=record.created, resume=cause
+            run,
+            credential,
+            RunLog(checkpoint.events),
+            created=record.created,
+            resume=cause,
+            epoch=epoch,
         )
         self._count("takeover", "ok")
         return local.attach(after, ids=ids)
@@ -343,9 +368,7 @@ class Runs:
         if self.shared:
             message = (
                 f"This gateway replica is shutting down; run {run_id} was checkpointed. "
-                f"Resume it on another replica: repeat the request with x-run-id: {run_id} "
-                f"and x-resume-from: <chunks received>, or GET /v1/runs/{run_id}/events "
-                "with Last-Event-ID."
+                f"Resume it on another replica: {_how_to_resume(run_id)}"
             )
         else:
             message = (
@@ -353,6 +376,15 @@ class Runs:
                 "drain timeout (listen.drain_timeout); the answer is incomplete."
             )
         return sse_error_event(ShuttingDown(message))
+
+    def lost_event(self, run_id: str) -> bytes:
+        """What a client of a run another replica took over receives last here."""
+        message = (
+            f"Run {run_id} has moved to another gateway replica: this one was unresponsive "
+            f"longer than its lease, and the run was taken over. Resume it: "
+            f"{_how_to_resume(run_id)}"
+        )
+        return sse_error_event(RunMoved(message))
 
     async def aclose(self) -> None:
         """Stop relaying: each run gets a last checkpoint another replica can resume."""
@@ -364,3 +396,10 @@ class Runs:
             await self.writer.aclose()
         if self.store is not None:
             await self.store.aclose()
+
+
+def _how_to_resume(run_id: str) -> str:
+    return (
+        f"repeat the request with x-run-id: {run_id} and x-resume-from: <chunks received>, "
+        f"or GET /v1/runs/{run_id}/events with Last-Event-ID."
+    )

@@ -5,7 +5,7 @@ The loop (ARCHITECTURE.md sections 3 and 4)::
     open:    leg 0, attempt 0 ── error status / connect error / first-byte timeout ──┐
                │ headers                     retry with backoff, then the next leg ◄┘
     relay:   chunks ──► Splicer ──► client bytes
-               │ interruption (reset, stall, GOAWAY, in-band error, truncated end)
+               │ interruption (reset, stall, GOAWAY, in-band error, truncated end, too slow)
     recover: plan from what the client has ──► SynthesizeToolUse: finish, no upstream call
                │ WholeRestart / ContinueText / TruncateBeforeTool
              backoff (~200 ms after a stall), open the continuation on this leg, or on
@@ -15,7 +15,8 @@ Errors before the client stream started are HTTP errors (``open``); after it, th
 stream ends with an in-band error event and no ``[DONE]`` (section 2, item 6).
 
 Hot path (per chunk): one orjson parse, the splicer's dict lookups, and the
-received bytes forwarded when nothing needs rewriting. No logging.
+received bytes forwarded when nothing needs rewriting; with a ``min_throughput``, a
+character count and a clock read against a deadline (recovery/throughput.py). No logging.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ from gateway.recovery.classify import (
 )
 from gateway.recovery.events import Chunk, Done, InBandError, Malformed, parse_event
 from gateway.recovery.plan import Plan, plan_recovery
+from gateway.recovery.seam import SeamRule
 from gateway.recovery.splice import Splicer
-from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
-from gateway.upstream.continuation import continuation_body
+from gateway.recovery.throughput import ThroughputGuard, delta_chars
+from gateway.upstream.client import PREFILL_MODES, UpstreamClient, UpstreamHTTPError
+from gateway.upstream.continuation import continuation_request
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import aiter_data
 
@@ -101,7 +104,11 @@ class ChatRun:
         self.accumulator = RunAccumulator()
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        self.splicer = Splicer(self.accumulator, include_usage=include_usage or not self.stream)
+        self.splicer = Splicer(
+            self.accumulator,
+            include_usage=include_usage or not self.stream,
+            assemble=not self.stream,
+        )
         self._body = body
         self._client_authorization = client_authorization
         self._upstreams = upstreams
@@ -123,7 +130,11 @@ class ChatRun:
         self.first_token_at: float | None = None  # perf_counter of the first content sent
         self.outcome: str | None = None  # done, failed or detached, once it ended
         self.last_cause: Cause | None = None
-        self.trim_next_seam = True  # False for a takeover whose client is ahead
+        # False for a takeover whose client is ahead: it skips new events by count, so
+        # the continuation is asked to repeat nothing and nothing is held or merged at
+        # its seam (README, "Crash resume").
+        self.trim_next_seam = True
+        self._seam: SeamRule | None = None  # what the open continuation repeats first
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
         self.on_interrupted: Callable[[], None] | None = None
 
@@ -159,22 +170,25 @@ class ChatRun:
             # the upstream and assembles the completion itself.
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
+        self._seam = None
         if self._plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
-            continued = continuation_body(
+            continued = continuation_request(
                 body,
-                leg.upstream.continuation,
+                self._upstreams.continuation_of(leg),
                 self.accumulator.text,
                 self.route.continuation_prompt,
+                anchored=self.route.continuation_anchor and self.trim_next_seam,
             )
             if continued is None:
                 return None
-            body = continued
+            body = continued.body
+            self._seam = continued.seam if self.trim_next_seam else None
         # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
         # shrunk, and this one is kept (by the upstream request) as long as the run.
         return bytes(memoryview(orjson.dumps(body)))
 
     def idle_timeout(self, leg: ResolvedLeg) -> float:
-        idle = leg.upstream.timeouts.idle
+        idle = leg.timeouts.idle  # the route's, where it sets one; else the upstream's
         return 2 * idle if is_reasoning_request(self._body, leg.model) else idle
 
     async def open(self) -> None:
@@ -186,6 +200,9 @@ class ChatRun:
         """
         while True:
             leg = self.leg
+            if not self._circuit_allows(leg):
+                self._next_leg(UpstreamFailure(f"Upstream {leg.upstream.name!r} is skipped."))
+                continue
             body = self.request_body(leg)
             if body is None:
                 self._next_leg(
@@ -193,12 +210,16 @@ class ChatRun:
                 )
                 continue
             loop = asyncio.get_running_loop()
-            self._first_event_deadline = loop.time() + leg.upstream.timeouts.first_byte
+            self._first_event_deadline = loop.time() + leg.timeouts.first_byte
             try:
                 self._response = await self._upstreams.open_stream(
                     leg, body, self._client_authorization, self.idle_timeout(leg)
                 )
             except UpstreamHTTPError as exc:
+                if self._refused_prefill(leg, exc):
+                    # Not the leg's failure: the same leg again at once, in prompt mode.
+                    self._count_attempt("prefill_refused")
+                    continue
                 self._count_attempt(f"http_{exc.status_code}")
                 if exc.status_code in RETRYABLE_STATUSES:
                     await self._backoff(exc, retry_after=retry_after_seconds(exc.headers))
@@ -218,6 +239,25 @@ class ChatRun:
             else:
                 self._count_attempt("ok")
                 return
+
+    def _refused_prefill(self, leg: ResolvedLeg, exc: UpstreamHTTPError) -> bool:
+        """A continuation ending with an assistant message was refused (400/422): the
+        model takes no prefill (Claude 4.6+, some OpenAI-compatible servers). Remembered
+        for the upstream and model, so later runs go straight to prompt mode."""
+        if self._plan not in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
+            return False
+        mode = self._upstreams.continuation_of(leg)
+        if exc.status_code not in (400, 422) or mode not in PREFILL_MODES:
+            return False
+        if is_context_length_error(exc.content):
+            return False
+        self._upstreams.refuses_prefill(leg)
+        self._metrics.prefill_refusals.labels(leg.upstream.name, mode).inc()
+        logger.info(
+            "continuation refused prefill; continuing in prompt mode",
+            extra={"run_id": self.id, "upstream": leg.upstream.name, "mode": mode},
+        )
+        return True
 
     async def _backoff(
         self, last: Exception, *, retry_after: float | None = None, idle: bool = False
@@ -246,9 +286,24 @@ class ChatRun:
         self._last_delay = 0.0
 
     def _count_attempt(self, result: str) -> None:
+        """Count an attempt's ``result`` (``ok``, ``http_<status>``, ``connect_error``…),
+        and tell its upstream's circuit breaker what it says about the upstream's health."""
         self.attempts += 1
         leg = self.leg
         self._metrics.attempts.labels(leg.upstream.name, str(self._leg_index), result).inc()
+        circuit = self._upstreams.circuits[leg.upstream.name]
+        if result in ("connect_error", "first_byte_timeout") or result.startswith("http_5"):
+            circuit.failed()
+        elif result == "prefill_refused" or (result.startswith("http_4") and result != "http_429"):
+            circuit.succeeded()  # up and judging requests; a 429 says nothing either way
+        # ok: the stream may still break; its end decides (_run).
+
+    def _circuit_allows(self, leg: ResolvedLeg) -> bool:
+        """Whether to try ``leg`` now: its upstream's circuit is closed or lets this run
+        probe it — or it is the route's last leg, tried anyway rather than failing a
+        run without a single attempt."""
+        allowed = self._upstreams.circuits[leg.upstream.name].allows()
+        return allowed or self._leg_index + 1 >= len(self.route.legs)
 
     async def aclose(self) -> None:
         if self._response is not None:
@@ -278,14 +333,15 @@ class ChatRun:
                 yield data
         except GatewayError as exc:
             self.outcome = "failed"
-            yield sse_error_event(exc)
+            yield self.splicer.usage_chunk() + sse_error_event(exc)
         except asyncio.CancelledError:
             self.outcome = self.outcome or "detached"
             raise
         except Exception:
             self.outcome = "failed"
             logger.exception("run failed", extra={"run_id": self.id})
-            yield sse_error_event(GatewayError("The gateway failed while relaying the answer."))
+            failed = GatewayError("The gateway failed while relaying the answer.")
+            yield self.splicer.usage_chunk() + sse_error_event(failed)
         finally:
             metrics.active_streams.dec()
             metrics.stream_duration.labels(route).observe(time.perf_counter() - self._started)
@@ -297,6 +353,10 @@ class ChatRun:
         try:
             async for _ in self._run():
                 pass
+        except asyncio.CancelledError:
+            # Its client left (api/chat.py): the upstream response is closed below.
+            self.outcome = self.outcome or "cancelled"
+            raise
         except BaseException:
             self.outcome = self.outcome or "failed"
             raise
@@ -327,19 +387,20 @@ class ChatRun:
                                 self.first_token_at - self._started
                             )
                         yield data
+                    self._upstreams.circuits[self.leg.upstream.name].succeeded()
                     self._count_recoveries("recovered")
                     yield self.splicer.close()
                     self.outcome = "done"
                     return
                 except StreamInterrupted as interrupted:
+                    if not interrupted.fatal:  # a fatal error is a refusal, not ill health
+                        self._upstreams.circuits[self.leg.upstream.name].failed()
                     failure = interrupted
                     await self.aclose()
             self.last_cause = failure.cause
             if self.on_interrupted is not None:
                 self.on_interrupted()
-            tail = self.splicer.end_leg()
-            if tail:
-                yield tail
+            self.splicer.end_leg()
             if self.splicer.finished:  # broke after the answer was complete
                 self._count_recoveries("recovered")
                 yield self.splicer.close()
@@ -362,7 +423,8 @@ class ChatRun:
             self._plans.append(plan)
             self.recoveries += 1
             try:
-                if failure.cause is Cause.FIRST_BYTE_TIMEOUT:
+                if failure.cause in (Cause.FIRST_BYTE_TIMEOUT, Cause.SLOW):
+                    # Trying a silent or crawling leg again only multiplies the wait.
                     self._next_leg(failure)
                 elif failure.cause not in (Cause.REPLICA_LOST, Cause.DETACHED):
                     await self._backoff(failure, idle=failure.cause is Cause.IDLE)
@@ -371,7 +433,7 @@ class ChatRun:
             except (GatewayError, UpstreamHTTPError) as exc:
                 self._count_recoveries("failed")
                 raise self._final(failure, exc) from None
-            self.splicer.begin_leg(plan, trim=self.trim_next_seam)
+            self.splicer.begin_leg(plan, self._seam)
             self.trim_next_seam = True
             failure = None
 
@@ -391,6 +453,8 @@ class ChatRun:
         self._plans.clear()
         if self.splicer.trimmed:
             self._metrics.seam_trimmed.inc(self.splicer.trimmed)
+        for cut in self.splicer.seam_outcomes():
+            self._metrics.seams.labels(cut).inc()
 
     def _log_recovery(self, failure: StreamInterrupted, plan: Plan) -> None:
         logger.info(
@@ -412,7 +476,9 @@ class ChatRun:
         assert self._response is not None, "open() first"
         splicer = self.splicer
         received = False
-        events = aiter_data(self._response)
+        clock = asyncio.get_running_loop().time
+        guard: ThroughputGuard | None = None
+        events = aiter_data(self._response, self._upstreams.max_event_bytes)
         try:
             async with asyncio.timeout_at(self._first_event_deadline) as first_event:
                 async for data in events:
@@ -421,9 +487,13 @@ class ChatRun:
                         if not received:
                             received = True
                             first_event.reschedule(None)
+                            guard = self._throughput_guard(clock())
+                        slow = guard is not None and guard.add(delta_chars(event.obj), clock())
                         out = splicer.feed(event)
                         if out is not None:
                             yield out
+                        if slow and not splicer.finished:
+                            raise self._interrupted(Cause.SLOW)
                     elif type(event) is Malformed:
                         self._metrics.malformed_events.labels(self.leg.upstream.name).inc()
                     elif type(event) is InBandError:
@@ -439,14 +509,22 @@ class ChatRun:
         if not splicer.finished:
             raise self._interrupted(Cause.TRUNCATED)
 
+    def _throughput_guard(self, start: float) -> ThroughputGuard | None:
+        """The slow-stream check of a leg whose first event came at ``start``: the route's
+        ``min_throughput``, on every leg but the last, where a slow answer beats none."""
+        minimum = self.route.min_throughput
+        if minimum is None or self._leg_index + 1 >= len(self.route.legs):
+            return None
+        return ThroughputGuard(minimum, start)
+
     def _interrupted(
         self, cause: Cause, detail: str | None = None, *, fatal: bool = False
     ) -> StreamInterrupted:
         upstream = self.leg.upstream.name
         self._metrics.interruptions.labels(upstream, cause.value).inc()
         message = f"Upstream {upstream!r} {DESCRIPTIONS[cause]}"
-        if detail:
-            message += f": {detail}"
+        if detail:  # the upstream's own words, which may echo its key
+            message += f": {self._upstreams.scrub(detail.encode()).decode()}"
         chars = self.accumulator.text_chars
         if chars:
             message += f" (after {chars} characters of the answer)"

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 
 from gateway.app import CONFIG_ENV
 from gateway.config import GatewayConfig
+from gateway.listen import GuardedHttpToolsProtocol
 from gateway.logs import Format
 from gateway.logs import config as logging_config
 from gateway.metrics import MULTIPROC_ENV
@@ -51,7 +52,7 @@ def serve(
         port=config.listen.port if port is None else port,
         workers=workers,
         loop="uvloop",
-        http="httptools",
+        http="gateway.listen:GuardedHttpToolsProtocol",
         log_config=logging_config(level, log_format or config.logging.format),
         log_level=level,
         access_log=False,  # gateway.access logs one line per request instead
@@ -95,7 +96,7 @@ def in_thread(app: ASGIApp, *, start_timeout: float = 10.0) -> Iterator[str]:
         uvicorn.Config(
             app,
             loop="uvloop",
-            http="httptools",
+            http=GuardedHttpToolsProtocol,
             log_level="warning",
             access_log=False,
             lifespan="on",

@@ -21,6 +21,29 @@ from tests.servers import free_port
 BIN = Path(sys.executable).with_name("resumable-gateway")
 DEADLINE = 15.0  # seconds any single wait in these tests may take
 
+# Two replicas on one Redis, in front of the chaos upstream: a short lease, no backoff.
+REPLICA_CONFIG = """
+upstreams:
+  - name: chaos
+    base_url: {chaos}
+    timeouts: {{connect: 2, first_byte: 5, idle: {idle}}}
+routes:
+  - match: "*"
+    upstream: chaos
+    retry: {{retries: 2, backoff_initial: 0, backoff_max: 0, idle_retry_delay: 0}}
+state:
+  redis_url: {redis}
+  checkpoint_every: 4
+  lease_ttl: 1
+  detach_grace: 30
+"""
+
+
+def replica_config(path: Path, chaos_url: str, redis_url: str, *, idle: float = 2) -> Path:
+    """Write ``REPLICA_CONFIG`` for this chaos upstream and Redis to ``path``."""
+    path.write_text(REPLICA_CONFIG.format(chaos=chaos_url, redis=redis_url, idle=idle))
+    return path
+
 
 @dataclass
 class Replica:

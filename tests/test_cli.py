@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import httpx
 import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
+from gateway.cli import open_proxy_warning
+from gateway.config import GatewayConfig, parse_config
 from tests.servers import free_port
 
 # The console script pyproject.toml installs, next to the interpreter running the tests.
@@ -22,10 +26,12 @@ CLI = [str(Path(sys.executable).with_name("resumable-gateway"))]
 
 
 @contextlib.contextmanager
-def serving(args: list[str], env: dict[str, str], probe: str) -> Iterator[str]:
+def serving(
+    args: list[str], env: dict[str, str], probe: str, stderr: IO[bytes] | None = None
+) -> Iterator[str]:
     """Run a CLI server command and wait until ``probe`` answers 200."""
     port = free_port()
-    process = subprocess.Popen([*CLI, *args, "--port", str(port)], env=env)
+    process = subprocess.Popen([*CLI, *args, "--port", str(port)], env=env, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -98,3 +104,82 @@ def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
 def test_every_command_has_help(command: list[str]) -> None:
     result = subprocess.run([*CLI, *command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage:" in result.stdout
+
+
+UPSTREAM_KEY = "sk-upstream-CANARY-0c41d9"
+
+
+def config(*, key: bool = True, gateway_keys: bool = False, **upstream: Any) -> GatewayConfig:
+    data: dict[str, Any] = {
+        "upstreams": [
+            {"name": "openai", "base_url": "https://api.openai.com/v1", **upstream},
+            {"name": "local", "base_url": "http://127.0.0.1:8000/v1"},
+        ]
+    }
+    if key:
+        data["upstreams"][0]["api_key"] = UPSTREAM_KEY
+    if gateway_keys:
+        data["auth"] = {"keys": ["gk-client-key"]}
+    return parse_config(data, "test")
+
+
+def test_open_proxy_warning_names_the_keyed_upstream_and_both_fixes() -> None:
+    warning = open_proxy_warning(config(), "0.0.0.0")
+    assert warning is not None
+    assert "open proxy" in warning and "0.0.0.0" in warning
+    assert "upstream 'openai'" in warning and "'local'" not in warning
+    assert "auth.keys" in warning and "--host 127.0.0.1" in warning
+    assert UPSTREAM_KEY not in warning and UPSTREAM_KEY[-4:] not in warning
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_no_open_proxy_warning_on_loopback(host: str) -> None:
+    assert open_proxy_warning(config(), host) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "gateway.internal", ""])
+def test_open_proxy_warning_beyond_loopback(host: str) -> None:
+    assert open_proxy_warning(config(), host) is not None
+
+
+def test_no_open_proxy_warning_without_an_upstream_key() -> None:
+    # Clients then bring their own key, passed through: nothing of the operator's is spent.
+    assert open_proxy_warning(config(key=False), "0.0.0.0") is None
+    assert open_proxy_warning(config(key=False, api_key=""), "0.0.0.0") is None
+
+
+def test_an_upstream_credential_header_is_a_key_too() -> None:
+    keyed = config(key=False, headers={"Api-Key": UPSTREAM_KEY})
+    assert open_proxy_warning(keyed, "0.0.0.0") is not None
+    other = config(key=False, headers={"HTTP-Referer": "https://example.com"})
+    assert open_proxy_warning(other, "0.0.0.0") is None
+
+
+def test_no_open_proxy_warning_with_gateway_keys() -> None:
+    assert open_proxy_warning(config(gateway_keys=True), "0.0.0.0") is None
+
+
+@pytest.mark.parametrize(("host", "warns"), [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_serve_warns_at_start_when_it_is_an_open_proxy(
+    chaos: ChaosUpstream, tmp_path: Path, host: str, warns: bool
+) -> None:
+    env = os.environ | {
+        "GATEWAY_UPSTREAM_BASE_URL": chaos.base_url,
+        "GATEWAY_UPSTREAM_API_KEY": UPSTREAM_KEY,
+    }
+    env.pop("GATEWAY_CONFIG", None)
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as stderr:
+        args = ["serve", "--host", host, "--log-format", "json"]
+        with serving(args, env, "/healthz", stderr=stderr):
+            pass
+    text = log.read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    warnings = [line for line in lines if line["logger"] == "gateway.cli"]
+    if warns:
+        (warning,) = warnings
+        assert warning["level"] == "warning"
+        assert "open proxy" in warning["msg"] and "upstream 'default'" in warning["msg"]
+    else:
+        assert warnings == []
+    assert UPSTREAM_KEY not in text

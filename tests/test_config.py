@@ -118,3 +118,39 @@ def _keys(node: object) -> set[str]:
     if isinstance(node, list):
         return {k for v in node for k in _keys(v)}
     return set()
+
+
+def test_embedded_defaults_take_gateway_keys_from_the_environment() -> None:
+    config = default_config({"GATEWAY_UPSTREAM_API_KEY": "sk-x", "GATEWAY_KEYS": "k1, k2,"})
+    assert [k.get_secret_value() for k in config.auth.keys] == ["k1", "k2"]
+    assert default_config({}).auth.keys == []
+
+
+def test_describe_shows_how_each_leg_is_protected() -> None:
+    config = parse_config(
+        {
+            "upstreams": [
+                {
+                    "name": "up",
+                    "base_url": "http://u/v1",
+                    "circuit": {"failures": 3, "cooldown": 10},
+                    "continuation_models": {"claude-*": "prompt"},
+                }
+            ],
+            "routes": [
+                {
+                    "match": "*",
+                    "upstream": "up",
+                    "continuation": "vllm",
+                    "timeouts": {"idle": 5},
+                    "min_throughput": {"chars_per_s": 20},
+                }
+            ],
+        },
+        "test",
+    )
+    text = describe(config)
+    assert "circuit(3 failures, 10s)" in text
+    assert "continuation for claude-*: prompt" in text
+    assert "up/<requested> (vllm)" in text
+    assert "timeouts(idle=5s)" in text and "min_throughput(20 chars/s over 5s after 10s)" in text

@@ -21,7 +21,7 @@ CLI = str(Path(sys.executable).with_name("resumable-gateway"))
 EXPECTED = {
     "chaos:text=32,fault=reset,at=12,times=1": ("reset", "continue_text"),
     "chaos:text=32,seed=1,fault=stall,at=18,times=1": ("idle", "continue_text"),
-    "chaos:text=32,seed=2,fault=error,at=8,times=1,echo=12": ("in_band_error", "continue_text"),
+    "chaos:text=32,seed=2,fault=error,at=8,times=1": ("in_band_error", "continue_text"),
     "chaos:text=32,seed=3,fault=no_finish,at=20,times=1": ("truncated", "continue_text"),
     "chaos:text=8,tools=2,arg_deltas=6,seed=4,fault=reset,at=11,times=1": (
         "reset",

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -33,7 +35,7 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.metrics import Metrics
 from gateway.serve import SHUTDOWN_MARGIN
-from tests.servers import gateway_config, running_gateway
+from tests.servers import free_port, gateway_config, running_gateway
 
 ROOT = Path(__file__).parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
@@ -73,10 +75,37 @@ def service(name: str) -> dict[str, Any]:
     return found
 
 
+def interpolate(value: str, env: Mapping[str, str]) -> str:
+    """A compose value as docker compose resolves it in ``env``: ${VAR}, ${VAR:-default}."""
+
+    def resolve(match: re.Match[str]) -> str:
+        return env.get(match[1]) or match[2] or ""
+
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", resolve, value)
+
+
+@dataclass(frozen=True)
+class Published:
+    address: str  # the host interface
+    host_port: int
+    container_port: int
+
+
+def published(name: str, env: Mapping[str, str] | None = None) -> list[Published]:
+    """A service's port mappings ("ADDRESS:HOST:CONTAINER"), resolved in ``env``."""
+    found = []
+    for mapping in service(name).get("ports", []):
+        parts = interpolate(str(mapping), env or {}).split(":")
+        assert len(parts) == 3, f"{name} publishes {mapping} without naming an address"
+        address, host_port, container_port = parts
+        found.append(Published(address, int(host_port), int(container_port)))
+    return found
+
+
 def published_port(name: str) -> int:
-    """The container side of a service's one port mapping ("HOST:CONTAINER")."""
-    (mapping,) = service(name)["ports"]
-    return int(str(mapping).rsplit(":", 1)[1])
+    """The container side of a service's one port mapping."""
+    (mapping,) = published(name)
+    return mapping.container_port
 
 
 def mounts(name: str) -> dict[PurePosixPath, Path]:
@@ -101,7 +130,7 @@ def host_path(name: str, container_path: str) -> Path:
 def test_compose_services_and_their_profiles() -> None:
     services = compose()["services"]
     assert set(services) == {"gateway", "redis", "chaos", "prometheus", "grafana"}
-    assert services["gateway"]["ports"] == ["8080:8080"]
+    assert published_port("gateway") == 8080
     assert services["chaos"]["profiles"] == ["demo"]
     assert services["prometheus"]["profiles"] == ["observability"]
     assert services["grafana"]["profiles"] == ["observability"]
@@ -112,7 +141,7 @@ def test_compose_services_and_their_profiles() -> None:
 def test_compose_environment_is_what_the_embedded_defaults_read() -> None:
     env = compose()["services"]["gateway"]["environment"]
     assert isinstance(env, dict)
-    resolved = {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+    resolved = {k: interpolate(str(v), {}) for k, v in env.items()}
     config = default_config(resolved)
     assert config.upstreams[0].base_url == resolved["GATEWAY_UPSTREAM_BASE_URL"]
     assert config.state.redis_url is not None
@@ -127,6 +156,105 @@ def test_dockerfile_runs_non_root_on_the_compose_port_with_a_healthcheck() -> No
     assert "/healthz" in dockerfile.split("HEALTHCHECK", 1)[1]
     app = create_app(default_config({}))
     assert "/healthz" in {getattr(route, "path", None) for route in app.routes}
+
+
+def test_compose_publishes_on_loopback_unless_told_otherwise() -> None:
+    publishing = {name for name in compose()["services"] if service(name).get("ports")}
+    assert publishing == {"gateway", "prometheus", "grafana"}
+    for name in publishing:
+        for mapping in published(name):
+            assert mapping.address == "127.0.0.1", name
+            assert mapping.host_port == mapping.container_port, name
+        opened = published(name, {"PUBLISH_ADDRESS": "0.0.0.0"})
+        assert {mapping.address for mapping in opened} == {"0.0.0.0"}, name
+
+
+def chaos_port() -> int:
+    command = [str(arg) for arg in service("chaos")["command"]]
+    return int(command[command.index("--port") + 1])
+
+
+def test_compose_chaos_publishes_nothing_and_the_gateway_reaches_it_inside() -> None:
+    assert "ports" not in service("chaos")
+    assert f"GATEWAY_UPSTREAM_BASE_URL=http://chaos:{chaos_port()}/v1" in (
+        ROOT / "docker-compose.yml"
+    ).read_text(encoding="utf-8")
+
+
+def dockerfile_healthcheck() -> list[str]:
+    """The exec form of the image's HEALTHCHECK CMD."""
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text(encoding="utf-8"))
+    (line,) = [line for line in text.splitlines() if line.startswith("HEALTHCHECK ")]
+    argv = json.loads(line.split(" CMD ", 1)[1])
+    assert isinstance(argv, list)
+    return [str(arg) for arg in argv]
+
+
+def probe(argv: Sequence[str], port: int, actual_port: int) -> int:
+    """Run a container health check here, its loopback ``port`` moved to ``actual_port``."""
+    assert argv[0] == "python"  # in the image; curl is not
+    moved = [arg.replace(f"127.0.0.1:{port}/", f"127.0.0.1:{actual_port}/") for arg in argv]
+    assert moved != list(argv), f"the check does not probe 127.0.0.1:{port}: {argv}"
+    result = subprocess.run([sys.executable, *moved[1:]], capture_output=True, timeout=20)
+    return result.returncode
+
+
+def test_compose_chaos_has_a_healthcheck_on_its_own_port(chaos: ChaosUpstream) -> None:
+    """Without one, chaos inherits the image's check of :8080 and is never healthy."""
+    check = service("chaos")["healthcheck"]
+    assert check["test"][0] == "CMD"
+    argv = [str(arg) for arg in check["test"][1:]]
+    assert argv != dockerfile_healthcheck()
+    live = urlsplit(chaos.base_url).port
+    assert live is not None
+    assert probe(argv, chaos_port(), live) == 0
+    assert probe(argv, chaos_port(), free_port()) != 0
+
+
+def test_dockerfile_healthcheck_passes_on_a_live_gateway(chaos: ChaosUpstream) -> None:
+    with running_gateway(gateway_config(chaos.base_url)) as gateway:
+        live = urlsplit(gateway.url).port
+        assert live is not None
+        assert probe(dockerfile_healthcheck(), 8080, live) == 0
+    assert probe(dockerfile_healthcheck(), 8080, free_port()) != 0
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's stages, each a list of (INSTRUCTION, arguments), without comments."""
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text(encoding="utf-8"))
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        instruction, _, arguments = line.strip().partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((instruction.upper(), arguments))
+    return stages
+
+
+def test_dockerfile_pulls_no_frontend_image() -> None:
+    # A "# syntax=" parser directive makes BuildKit pull docker/dockerfile from a registry.
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I)
+
+
+def test_dockerfile_final_image_holds_no_wheels() -> None:
+    """The wheels are bind-mounted into the install step, never copied into a layer."""
+    build, final = dockerfile_stages()
+    stage = build[0][1].split()[-1]  # FROM image AS <stage>
+    (wheel,) = [args for instruction, args in build if "pip wheel" in args]
+    wheels = re.search(r"--wheel-dir[ =](\S+)", wheel)
+    assert wheels is not None
+    for instruction, args in final:
+        assert instruction not in {"COPY", "ADD"} or "--from" not in args, args
+    (install,) = [args for instruction, args in final if "pip install" in args]
+    mounts = [
+        dict(option.split("=", 1) for option in m.split(","))
+        for m in re.findall(r"--mount=(\S+)", install)
+    ]
+    assert mounts == [{"type": "bind", "from": stage, "source": wheels[1], "target": wheels[1]}]
+    assert "--no-index" in install  # everything from the build stage, nothing downloaded
 
 
 def test_compose_gives_the_gateway_time_to_drain_before_sigkill() -> None:
@@ -810,6 +938,9 @@ TRAFFIC = {
     "reset mid-stream, recovered": "chaos:text=40,seed=9102,fault=reset,at=10,times=1",
     "a malformed event, skipped": "chaos:text=8,seed=9103,fault=malformed,at=4,times=1",
     "HTTP 500, retried": "chaos:text=8,seed=9104,fault=http_500,times=1",
+    "prefill refused, continued in prompt mode": (
+        "chaos:text=20,seed=9105,prefill=0,fault=reset,at=5,times=1"
+    ),
 }
 
 
@@ -838,7 +969,13 @@ def drive_traffic(client: OpenAI) -> None:
 @pytest.fixture(scope="module")
 def live(chaos: ChaosUpstream) -> Exposition:
     """/metrics of a gateway that relayed TRAFFIC and answered a readiness probe."""
-    with running_gateway(gateway_config(chaos.base_url)) as gateway:
+    # Models that refuse a prefill are continued by prefix first (then learned).
+    # A circuit that opens on the first failure (the HTTP 500 above) and probes at once.
+    upstream = {
+        "continuation_models": {"*prefill=0*": "prefix"},
+        "circuit": {"failures": 1, "cooldown": 0.01},
+    }
+    with running_gateway(gateway_config(chaos.base_url, upstream=upstream)) as gateway:
         with OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
             drive_traffic(client)
         with httpx.Client(base_url=gateway.url) as http:

@@ -62,7 +62,7 @@ class RunStream(Response):
             if not finished:
                 sender.cancel()
 
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(disconnected(receive))
         gone.add_done_callback(left)
         body = self.body_iterator
         try:
@@ -81,7 +81,8 @@ class RunStream(Response):
                 await aclose()
 
 
-async def _disconnected(receive: Receive) -> None:
+async def disconnected(receive: Receive) -> None:
+    """Return once the client has gone (after its request body was read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
 

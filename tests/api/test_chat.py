@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import httpx
@@ -165,3 +166,29 @@ def test_upstream_connections_are_kept_alive_between_streams() -> None:
                 model = f"chaos:text=8,seed={seed}"
                 assert stream_chat(client, model).text == expected_answer(model).text
                 wait_until(lambda: upstream.open_connections == 1, "one upstream connection")
+
+
+def test_non_stream_client_disconnect_cancels_the_run_and_closes_the_upstream(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = "chaos:text=2000,pace_ms=20,seed=11"  # a 40 s answer
+    labels = {"route": "*", "method": "POST", "status": "499"}
+    with running_chaos_upstream() as chaos:  # its own: open_connections counts only ours
+        with (
+            running_gateway(gateway_config(chaos.base_url)) as gateway,
+            OpenAI(base_url=gateway.base_url, api_key="k", max_retries=0, timeout=0.5) as client,
+            caplog.at_level(logging.INFO, logger="gateway.access"),
+        ):
+            with pytest.raises(openai.APITimeoutError):
+                client.chat.completions.create(model=model, messages=MESSAGES)
+            left = time.monotonic()
+            assert len(chaos.requests_for(model)) == 1
+            wait_until(lambda: chaos.open_connections == 0, "the upstream answer went on")
+            assert time.monotonic() - left < 2  # not the 40 s the answer would take
+            registry = gateway.metrics.registry
+            wait_until(
+                lambda: registry.get_sample_value("gateway_requests_total", labels) == 1,
+                "the request counted as closed by the client",
+            )
+    [line] = [vars(r) for r in caplog.records if r.name == "gateway.access"]
+    assert (line["status"], line["outcome"], line["client_closed"]) == (499, "cancelled", True)

@@ -33,26 +33,11 @@ from openai.types.chat import ChatCompletionChunk
 
 from gateway.chaos import ChaosUpstream, RecordedRequest, expected_answer
 from tests.api.streams import MESSAGES, Received, assert_whole_text_answer, resume, start
-from tests.processes import DEADLINE, Replica, Replicas, wait_until
+from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
 from tests.redis_server import RedisServer, running_redis
 
 CREDENTIAL = "sk-owner"
 AUTH = {"authorization": f"Bearer {CREDENTIAL}"}
-CONFIG = """
-upstreams:
-  - name: chaos
-    base_url: {chaos}
-    timeouts: {{connect: 2, first_byte: 5, idle: 2}}
-routes:
-  - match: "*"
-    upstream: chaos
-    retry: {{retries: 2, backoff_initial: 0, backoff_max: 0, idle_retry_delay: 0}}
-state:
-  redis_url: {redis}
-  checkpoint_every: 4
-  lease_ttl: 1
-  detach_grace: 30
-"""
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +57,7 @@ def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
-    config = tmp_path / "gateway.yaml"
-    config.write_text(CONFIG.format(chaos=chaos.base_url, redis=redis_server.url))
+    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
     chaos.requests.clear()
     with Replicas(config, tmp_path) as running:
         yield running
