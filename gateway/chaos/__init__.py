@@ -8,7 +8,8 @@ prefix ends, as a model continuing a broken stream would be (``answer.py``).
 
 Modules: ``spec`` (grammar), ``answer`` (content and deltas), ``render`` (bytes),
 ``http11`` (the minimal HTTP/1.1), ``wire`` (writing bodies: batched, paced, split),
-``faults`` (what each fault sends, and how the socket breaks), ``server``
+``faults`` (what each fault sends, and how the socket breaks), ``responses`` (the
+same answers as Responses API events, ``POST /v1/responses``), ``server``
 (``ChaosUpstream``), ``runner`` (in a thread, or as the process's server).
 """
 

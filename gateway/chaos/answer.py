@@ -74,6 +74,7 @@ class Script:
     starts: tuple[int, ...]  # character offset of each text delta in ``text``
     reasoning_deltas: tuple[str, ...]
     tool_calls: tuple[ToolCall, ...]
+    tool_fragments: tuple[tuple[str, ...], ...]  # per call: its arguments, as streamed
     finish_reason: str
     text_bodies: tuple[bytes, ...]
     reasoning_bodies: tuple[bytes, ...]
@@ -155,12 +156,13 @@ def _script(text: int, reasoning: int, tools: int, arg_deltas: int, seed: int) -
     calls = tuple(_tool_call(index, seed) for index in range(tools))
     tool_bodies: list[bytes] = []
     tool_counts: list[bool] = []
+    tool_fragments = tuple(tuple(_fragments(call.arguments, arg_deltas, seed)) for call in calls)
     for index, call in enumerate(calls):
         function = {"name": call.name, "arguments": ""}
         header = {"index": index, "id": call.id, "type": "function", "function": function}
         tool_bodies.append(_delta_body({"tool_calls": [header]}))
         tool_counts.append(False)
-        for fragment in _fragments(call.arguments, arg_deltas, seed):
+        for fragment in tool_fragments[index]:
             part = {"index": index, "function": {"arguments": fragment}}
             tool_bodies.append(_delta_body({"tool_calls": [part]}))
             tool_counts.append(True)
@@ -175,6 +177,7 @@ def _script(text: int, reasoning: int, tools: int, arg_deltas: int, seed: int) -
         starts=tuple(starts),
         reasoning_deltas=reasoning_deltas,
         tool_calls=calls,
+        tool_fragments=tool_fragments,
         finish_reason=finish_reason,
         text_bodies=tuple(_content_body(delta) for delta in text_deltas),
         reasoning_bodies=tuple(_delta_body({"reasoning_content": d}) for d in reasoning_deltas),
@@ -213,14 +216,28 @@ def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, dict) else None
 
 
+def turns(body: dict[str, Any]) -> list[Any] | None:
+    """The conversation of a request: chat's ``messages``, or a Responses ``input`` item list.
+
+    A Responses ``input`` that is a string (or an embeddings ``input`` of strings)
+    holds no assistant turn, so it never reads as a continuation.
+    """
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return messages
+    items = body.get("input")
+    return items if isinstance(items, list) else None
+
+
 def find_prefix(body: dict[str, Any], text: str) -> str:
     """The assistant prefix of ``text`` this request continues from ("" for a fresh one).
 
     Three shapes: an assistant message followed by a user "continue" message; vLLM's
     ``continue_final_message``; Mistral's ``"prefix": true`` on the last message.
+    The messages are chat's ``messages`` or a Responses request's ``input`` items.
     """
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
+    messages = turns(body)
+    if not messages:
         return ""
     last = messages[-1]
     if _role(last) == "assistant":
@@ -235,8 +252,8 @@ def find_prefix(body: dict[str, Any], text: str) -> str:
 
 def ends_in_prefill(body: dict[str, Any]) -> bool:
     """Whether a request ends with an assistant message for the model to continue."""
-    messages = body.get("messages")
-    return isinstance(messages, list) and bool(messages) and _role(messages[-1]) == "assistant"
+    messages = turns(body)
+    return messages is not None and bool(messages) and _role(messages[-1]) == "assistant"
 
 
 def anchor_of(body: dict[str, Any], prefix: str) -> str:
@@ -245,8 +262,8 @@ def anchor_of(body: dict[str, Any], prefix: str) -> str:
     The tail may itself hold the markers (code does): it is the quoted text that
     is a tail of the prefix.
     """
-    messages = body.get("messages")
-    if not prefix or not isinstance(messages, list) or _role(messages[-1]) != "user":
+    messages = turns(body)
+    if not prefix or not messages or _role(messages[-1]) != "user":
         return ""
     prompt = _content(messages[-1]).rstrip()
     if not prompt.endswith(">>>"):
@@ -274,6 +291,18 @@ def echo_of(spec: ChaosSpec, prefix: str, anchor: str = "") -> str:
     return anchor if spec.anchor else ""
 
 
+def resume_at(script: Script, prefix: str) -> tuple[str, int]:
+    """Where a continuation after ``prefix`` resumes the text: the rest of the delta the
+    prefix ends inside ("" on a delta boundary), and the index of the next whole delta."""
+    if not prefix:
+        return "", 0
+    index = bisect.bisect_right(script.starts, len(prefix)) - 1
+    consumed = len(prefix) - script.starts[index]
+    if not consumed:
+        return "", index
+    return script.text_deltas[index][consumed:], index + 1
+
+
 def chat_plan(script: Script, prefix: str = "", echo: str = "") -> Plan:
     """The chunk bodies of a chat response resuming after ``prefix`` of the answer text.
 
@@ -285,16 +314,10 @@ def chat_plan(script: Script, prefix: str = "", echo: str = "") -> Plan:
     if echo:
         bodies.append(_content_body(echo))
         counts.append(True)
-    index = 0
-    if prefix:
-        index = bisect.bisect_right(script.starts, len(prefix)) - 1
-        consumed = len(prefix) - script.starts[index]
-        if consumed:
-            remainder = script.text_deltas[index][consumed:]
-            if remainder:
-                bodies.append(_content_body(remainder))
-                counts.append(True)
-            index += 1
+    remainder, index = resume_at(script, prefix)
+    if remainder:
+        bodies.append(_content_body(remainder))
+        counts.append(True)
     bodies += script.text_bodies[index:]
     counts += [True] * (len(script.text_bodies) - index)
     bodies += script.tool_bodies

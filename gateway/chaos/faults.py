@@ -6,7 +6,8 @@ is closed without its last chunk, or stalls. The transport actions follow it.
 
 A fault fires after ``at`` content-bearing deltas (text, reasoning, tool-argument
 fragments; not the role delta or a tool call's header), counted from the start of
-the response; with no ``at`` it fires half-way through the content.
+the response; with no ``at`` it fires half-way through the content. A Responses
+stream (``responses.py``) counts the same deltas; its faults are ``break_responses``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import contextlib
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from gateway.chaos.render import DONE, IN_BAND_ERRORS, MALFORMED
+from gateway.chaos.responses import IN_BAND_ERRORS as RESPONSES_ERRORS
+from gateway.chaos.responses import MALFORMED_EVENT, Event
 
 Ending = Literal["end", "reset", "close", "stall"]
 
@@ -28,10 +31,12 @@ _FLUSH_TIMEOUT = 2.0
 _SIOCOUTQNSD = 0x894B  # Linux: bytes in the send queue not yet sent
 
 
-def fault_cut(counts: Sequence[bool], at: int | None) -> int:
-    """The index of the first event sent after the fault point (never before the role chunk)."""
+def fault_cut(counts: Sequence[bool], at: int | None, opening: int = 1) -> int:
+    """The index of the first event sent after the fault point: right after the ``at``-th
+    content delta, never before the ``opening`` events (chat's role chunk; a Responses
+    stream's ``response.created`` and ``response.in_progress``)."""
     target = sum(counts) // 2 if at is None else at
-    seen, cut = 0, 1
+    seen, cut = 0, opening
     for index, counted in enumerate(counts):
         if counted:
             if seen == target:
@@ -68,6 +73,33 @@ def break_stream(
         return sent + [finish_error] + done_event, "end"
     if fault == "no_finish":
         return sent + done_event, "end"
+    if fault in _BREAKS:
+        return sent, _BREAKS[fault]
+    raise ValueError(f"not a stream fault: {fault!r}")
+
+
+def break_responses(
+    fault: str | None,
+    cut: int,
+    events: list[Event],
+    error_event: Callable[[str], Event],
+) -> tuple[list[Event], Ending]:
+    """``break_stream`` for a Responses stream (``events`` from ``response.created`` to
+    ``response.completed``): the events sent under ``fault``, and how the body ends.
+
+    ``error``/``error_fatal`` end with an ``error`` event, ``error_done``/``finish_error``
+    with ``response.failed`` (``error_event(fault)`` makes it); ``no_finish`` ends the
+    body cleanly without ``response.completed``. There is no ``[DONE]`` to send.
+    """
+    if fault is None:
+        return events, "end"
+    sent = events[:cut]
+    if fault == "malformed":
+        return sent + [MALFORMED_EVENT] + events[cut:], "end"
+    if fault in RESPONSES_ERRORS:
+        return sent + [error_event(fault)], "end"
+    if fault == "no_finish":
+        return sent, "end"
     if fault in _BREAKS:
         return sent, _BREAKS[fault]
     raise ValueError(f"not a stream fault: {fault!r}")

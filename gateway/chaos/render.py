@@ -27,6 +27,7 @@ class EventFormat:
 
     def __init__(self, line_ending: bytes, comments: bool) -> None:
         end = line_ending
+        self._line = end
         self._end = end + end
         if comments:
             # Both forms a decoder must skip: a comment-only event (a ping), and a
@@ -35,11 +36,26 @@ class EventFormat:
                 b": keepalive" + end + end + b"event: message" + end + b"data: ",
                 b": keepalive" + end + b"event: message" + end + b"data: ",
             )
+            self._comments = (b": keepalive" + end + end, b": keepalive" + end)
         else:
             self._prefixes = (b"data: ", b"data: ")
+            self._comments = (b"", b"")
 
     def event(self, data: bytes, index: int = 0) -> bytes:
         return self._prefixes[index & 1] + data + self._end
+
+    @property
+    def end(self) -> bytes:
+        """What ends every event."""
+        return self._end
+
+    def named_head(self, name: bytes, index: int = 0) -> bytes:
+        """What precedes the data of a named event: comments, ``event: name``, ``data: ``."""
+        return self._comments[index & 1] + b"event: " + name + self._line + b"data: "
+
+    def named(self, name: bytes, data: bytes, index: int = 0) -> bytes:
+        """An event with an ``event:`` field, as the Responses API names every event."""
+        return self.named_head(name, index) + data + self._end
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ is only touched from the server's event loop, so it needs no lock.
 
 A request's spec (``spec.py``) picks its answer and its fault. Faults act on real
 sockets: a RST, a FIN without the last chunk, a stall, in-band errors, error
-statuses; see ``faults.py``.
+statuses; see ``faults.py``. ``/v1/responses`` says the same answer as chat, in
+the Responses API's events (``responses.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from gateway.chaos import render
+from gateway.chaos import render, responses
 from gateway.chaos.answer import (
     anchor_of,
     chat_plan,
@@ -32,8 +33,9 @@ from gateway.chaos.answer import (
     find_prefix,
     legacy_plan,
     script_for,
+    turns,
 )
-from gateway.chaos.faults import break_stream, fault_cut, reset, stall
+from gateway.chaos.faults import Ending, break_responses, break_stream, fault_cut, reset, stall
 from gateway.chaos.http11 import BadRequest, Request, read_request
 from gateway.chaos.spec import HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
 from gateway.chaos.wire import send_events, send_json, send_json_cut
@@ -164,6 +166,7 @@ class ChaosUpstream:
             ("POST", "/v1/chat/completions"),
             ("POST", "/v1/completions"),
             ("POST", "/v1/embeddings"),
+            ("POST", "/v1/responses"),
         ):
             if not isinstance(payload, dict):
                 message = "The request body must be a JSON object."
@@ -229,6 +232,9 @@ class ChaosUpstream:
             headers = [("retry-after", str(spec.retry_after))] if fault == "http_429_retry" else []
             body = render.error_body(message, kind, code)
             return await _reply(writer, request, HTTP_FAULTS[fault], body, headers)
+        if request.path == "/v1/responses":
+            respond = self._respond_responses
+            return await respond(request, payload, model, spec, fault, reader, writer)
         if request.path != "/v1/embeddings":
             return await self._complete(request, payload, model, spec, fault, reader, writer)
         texts = _embedding_inputs(payload.get("input"))
@@ -288,20 +294,68 @@ class ChaosUpstream:
             finish_error,
         )
         events = render.EventFormat(spec.line_ending, spec.comments)
-        await send_events(
-            writer,
-            [events.event(data, index) for index, data in enumerate(payloads)],
-            pace_s=spec.pace_ms / 1000,
-            split=spec.split,
-            end=ending == "end",
+        encoded = [events.event(data, index) for index, data in enumerate(payloads)]
+        return await _stream(request, reader, writer, spec, encoded, ending)
+
+    async def _respond_responses(
+        self,
+        request: Request,
+        payload: dict[str, Any],
+        model: str,
+        spec: ChaosSpec,
+        fault: str | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """A Responses API response: fresh, or continuing an assistant prefix of ``input``."""
+        answer = responses.responses_script(spec)
+        prefix = find_prefix(payload, answer.script.text)
+        echo = echo_of(spec, prefix, anchor_of(payload, prefix))
+        items = turns(payload)
+        number = next(self._ids)
+        created = int(time.time())
+        plan = responses.responses_plan(
+            answer,
+            prefix,
+            echo,
+            number=number,
+            model=model,
+            created=created,
+            input_tokens=10 + (len(items) if items is not None else 1),
         )
-        if ending == "end":
-            return request.keep_alive
-        if ending == "reset":
-            await reset(writer)
-        elif ending == "stall":
-            await stall(reader, spec.stall_s)
-        return False  # the connection closes (FIN) on the way out: that is the "close" fault
+        if payload.get("stream") is not True:
+            return await _reply_json(writer, request, orjson.dumps(plan.response), fault)
+        sent, ending = break_responses(
+            fault if fault in STREAM_FAULTS else None,
+            fault_cut(plan.counts, spec.at, opening=2),
+            plan.events,
+            lambda kind: responses.fault_event(kind, number, created, model),
+        )
+        events = render.EventFormat(spec.line_ending, spec.comments)
+        encoded = responses.encode_events(sent, events)
+        return await _stream(request, reader, writer, spec, encoded, ending)
+
+
+async def _stream(
+    request: Request,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    spec: ChaosSpec,
+    events: list[bytes],
+    ending: Ending,
+) -> bool:
+    """Send a stream's events, then end its body as ``ending`` says; return whether the
+    connection can serve another request."""
+    await send_events(
+        writer, events, pace_s=spec.pace_ms / 1000, split=spec.split, end=ending == "end"
+    )
+    if ending == "end":
+        return request.keep_alive
+    if ending == "reset":
+        await reset(writer)
+    elif ending == "stall":
+        await stall(reader, spec.stall_s)
+    return False  # the connection closes (FIN) on the way out: that is the "close" fault
 
 
 def _embedding_inputs(value: Any) -> list[str] | None:

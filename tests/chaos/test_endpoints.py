@@ -156,7 +156,7 @@ def test_bad_spec_is_a_400_with_an_openai_error(client: httpx.Client) -> None:
 
 
 def test_unknown_path_is_a_404(client: httpx.Client) -> None:
-    response = client.post("/responses", json={"model": "chaos"})
+    response = client.post("/audio/speech", json={"model": "chaos"})
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert client.get("/chat/completions").status_code == 404
