@@ -20,37 +20,28 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from gateway.checkpoint.model import (
-    DONE_EVENT,
     FINAL_STATUSES,
     Flush,
     InFlightCall,
     RunRecord,
     RunState,
     Status,
-    is_terminal,
     owner_hash,
     split_events,
 )
 from gateway.recovery.classify import Cause
-from gateway.run import ChatRun
+from gateway.run import Run
 
 if TYPE_CHECKING:
     from gateway.resume import Runs
 
 
-_FINISH = re.compile(rb'"finish_reason":\s*"')
 KEEPALIVE = b": keepalive\n\n"
-
-
-def ends(event: bytes) -> bool:
-    """An event that ends the answer: a finish_reason, ``[DONE]`` or an error."""
-    return is_terminal(event) or _FINISH.search(event) is not None
 
 
 def render(numbered: Iterable[tuple[int, bytes]], *, ids: bool) -> bytes:
@@ -80,7 +71,8 @@ class RunLog:
     goes on as if detached, and the follower still gets it all if it reads again.
     """
 
-    def __init__(self, events: list[bytes] | None = None) -> None:
+    def __init__(self, ends: Callable[[bytes], bool], events: list[bytes] | None = None) -> None:
+        self.ends = ends  # whether an event ends the answer (the protocol's adapter says)
         self.events: list[bytes] = events if events is not None else []
         self.size = sum(map(len, self.events))  # bytes of all events
         self.closed = False
@@ -149,7 +141,7 @@ class RunLog:
         Events that piled up while the client was slow go out in one write. A
         client ahead of the log (it holds events a dead replica sent and never
         checkpointed) skips as many regenerated events, except those that end
-        the answer (a finish_reason, ``[DONE]``, an error): it needs them whatever
+        the answer (a finish_reason, ``[DONE]``, a terminal event): it needs them whatever
         it holds, and cannot have had them, or it would not have resumed.
         """
         seq = min(after, len(self.events))
@@ -162,6 +154,7 @@ class RunLog:
                 if seq < after and seq < len(events):
                     last = min(after, len(events))
                     skipped = events[seq:last]
+                    ends = self.ends
                     ending = [(n, e) for n, e in enumerate(skipped, seq + 1) if ends(e)]
                     if ending:
                         yield render(ending, ids=ids)
@@ -195,7 +188,7 @@ class LocalRun:
     def __init__(
         self,
         runs: Runs,
-        run: ChatRun,
+        run: Run,
         log: RunLog,
         *,
         credential: str | None,
@@ -220,6 +213,7 @@ class LocalRun:
         self._stopped = False
         self.epoch = epoch  # this process's claim on the run: its writes carry it (fencing)
         self.lost = False  # another replica took the run over: nothing more is written here
+        self.alias: str | None = None  # the answer's own id, where clients name it (Runs.alias)
         self._keepalive: asyncio.TimerHandle | None = None
         if runs.shared:  # another replica may take the run over from this checkpoint
             run.on_interrupted = self.checkpoint
@@ -250,12 +244,16 @@ class LocalRun:
             # all a later resume needs.
             every = 1 << 62
         accumulator = self.run.accumulator
+        alias = self.run.adapter.aliased  # until the answer's own id is known
         progress = 0  # content only: the role chunk is not a delta
         lag_limit = self._runs.max_client_lag
         self._keep_alive(-1)
         try:
             async for data in self.run.aiter_sse(resume):
                 log.append(data)
+                if alias and accumulator.identity is not None:
+                    alias = False
+                    self._runs.alias(accumulator.identity.get("id"), self)
                 if log.lagging(lag_limit):
                     # A follower is not reading: stop reading the upstream meanwhile.
                     await log.make_room(lag_limit, self._runs.config.detach_grace)
@@ -298,10 +296,10 @@ class LocalRun:
         self._keepalive = loop.call_later(interval, self._keep_alive, events)
 
     def _ended_as(self) -> Status | None:
-        events = self.log.events
-        if not events or not is_terminal(events[-1]):
+        events, adapter = self.log.events, self.run.adapter
+        if not events or not adapter.is_terminal(events[-1]):
             return None
-        return "done" if events[-1] == DONE_EVENT else "failed"
+        return "done" if adapter.succeeded(events[-1]) else "failed"
 
     # -- followers and the detach grace -------------------------------------------
 
@@ -314,10 +312,11 @@ class LocalRun:
         try:
             async for data in self.log.follow(after, ids=ids):
                 yield data
+            adapter, events = self.run.adapter, len(self.log.events)
             if self.lost and self.status == "detached":
-                yield self._runs.lost_event(self.id)
+                yield self._runs.lost_event(self.id, adapter, events)
             elif self._stopped and self.status == "detached":
-                yield self._runs.shutdown_event(self.id)
+                yield self._runs.shutdown_event(self.id, adapter, events)
         finally:
             self.clients -= 1
             if self.clients == 0:
@@ -368,6 +367,7 @@ class LocalRun:
                 run.route.name,
                 run.body,
                 self.created,
+                run.adapter.name,
             ).encode()
         accumulator, splicer = run.accumulator, run.splicer
         state = RunState(

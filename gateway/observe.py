@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.metrics import Metrics
 
 if TYPE_CHECKING:
-    from gateway.run import ChatRun
+    from gateway.run import Run
 
 logger = logging.getLogger("gateway.access")
 
@@ -35,7 +35,7 @@ class RequestLog:
     path: str
     started: float
     route: str  # the metrics label: a configured route's match, or a kind of endpoint
-    run: ChatRun | None = None
+    run: Run | None = None
     resumed_from: int | None = None
     status: int = 0
     first_byte: float | None = None

@@ -31,8 +31,9 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
-from gateway.checkpoint.model import Checkpoint, is_terminal, owner_hash
+from gateway.checkpoint.model import Checkpoint, owner_hash
 from gateway.checkpoint.store import CheckpointStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.config import State
@@ -42,15 +43,20 @@ from gateway.errors import (
     NotFound,
     ServiceUnavailable,
     ShuttingDown,
-    sse_error_event,
 )
 from gateway.metrics import Metrics
+from gateway.protocols import Adapter, adapter_named
 from gateway.recovery.classify import Cause
-from gateway.run import ChatRun
+from gateway.run import Run
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import Router
 
 logger = logging.getLogger("gateway.resume")
+
+# How long the gateway remembers that an answer it served was recovered (its upstream's
+# stored copy ends where the stream broke): as long as OpenAI keeps stored responses.
+RECOVERED_ALIAS_TTL = 30 * 24 * 3600.0
+RECOVERED = " recovered"  # the alias's value: "<run id>", or "<run id> recovered"
 
 
 class RunNotFound(NotFound):
@@ -97,6 +103,11 @@ class Runs:
         self._busy = 0  # requests opening a run, and tails: the drain waits for them too
         self._router = router
         self._upstreams = upstreams
+        self.aliases: dict[str, str] = {}  # a local run's public id (a response id): run id
+        # Recovered non-streaming answers, which have no run log: id -> (credential,
+        # request, answer), for completed_ttl.
+        self._assembled: dict[str, tuple[str | None, dict[str, Any], dict[str, Any]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         if self.writer is not None:
@@ -104,7 +115,7 @@ class Runs:
 
     def adopt(
         self,
-        run: ChatRun,
+        run: Run,
         credential: str | None,
         log: RunLog | None = None,
         *,
@@ -116,7 +127,7 @@ class Runs:
         local = LocalRun(
             self,
             run,
-            log or RunLog(),
+            log or RunLog(run.adapter.ends),
             credential=credential,
             created=created,
             resume=resume,
@@ -137,12 +148,99 @@ class Runs:
         finally:
             self._busy -= 1
 
+    # -- aliases: the ids clients saw (a Responses response id) ---------------------
+
+    def alias(self, name: object, local: LocalRun) -> None:
+        """Let ``name``, the answer's own id, find ``local``'s run (on any replica)."""
+        if not isinstance(name, str) or not name:
+            return
+        local.alias = name
+        self.aliases[name] = local.id
+        self._set_alias(name, local.id, self.config.ttl)
+
+    def _set_alias(self, name: str, value: str, ttl: float) -> None:
+        if self.store is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._write_alias(name, value, ttl))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write_alias(self, name: str, value: str, ttl: float) -> None:
+        assert self.store is not None
+        try:
+            await self.store.set_alias(name, value, ttl)
+        except Exception as exc:  # noqa: BLE001 - the store is down: resume by run id still works
+            logger.warning("alias not stored", extra={"error": type(exc).__name__})
+
+    def assembled(self, run: Run, credential: str | None, answer: dict[str, Any]) -> None:
+        """A non-streaming answer was served: if it was recovered, remember so (section 2a)."""
+        name = (run.accumulator.identity or {}).get("id")
+        if not run.adapter.aliased or run.splicer.leg == 0 or not isinstance(name, str):
+            return
+        self._assembled[name] = (credential, run.body, answer)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.config.completed_ttl, self._assembled.pop, name, None)
+        self._set_alias(name, run.id + RECOVERED, RECOVERED_ALIAS_TTL)
+
+    async def lookup(self, name: str) -> tuple[str, bool] | None:
+        """The run a public id names, and whether its answer was recovered; None if
+        unknown (never served here, or forgotten)."""
+        local = self.local.get(self.aliases.get(name, ""))
+        if local is not None:
+            return local.id, local.run.splicer.leg > 0
+        if name in self._assembled:
+            return name, True
+        if self.store is None:
+            return None
+        try:
+            value = await self.store.get_alias(name)
+        except Exception as exc:  # noqa: BLE001
+            raise ServiceUnavailable(
+                f"The checkpoint store is unavailable ({type(exc).__name__})."
+            ) from None
+        if value is None:
+            return None
+        run_id, _, recovered = value.partition(" ")
+        return run_id, bool(recovered)
+
+    async def answer_of(
+        self, run_id: str, credential: str | None
+    ) -> tuple[dict[str, Any], list[bytes] | dict[str, Any]] | None:
+        """The request and client events (or, not streamed, the answer) of a finished
+        run, for its owner only; None if not finished or gone. Raises ``RunNotFound``
+        for another credential."""
+        assembled = self._assembled.get(run_id)
+        if assembled is not None:
+            owner, body, answer = assembled
+            if not secrets.compare_digest((owner or "").encode(), (credential or "").encode()):
+                raise self._refused(run_id)
+            return body, answer
+        local = self.local.get(run_id)
+        if local is not None:
+            if not local.owned_by(credential):
+                raise self._refused(run_id)
+            return (local.run.body, list(local.log.events)) if local.log.closed else None
+        if self.store is None:
+            return None
+        try:
+            checkpoint = await self._load(self.store, run_id, credential)
+        except RunNotFound:
+            return None  # expired: the caller says what that means
+        if not _finished(checkpoint):
+            return None
+        return checkpoint.record.body, checkpoint.events
+
     def ended(self, local: LocalRun) -> None:
         # The last checkpoint: final status, lease released. The in-memory store takes
         # it in this call, so a resume finds the run here or in the store, never neither.
         # A run lost to another replica writes nothing more: the checkpoint is the new owner's.
         if self.writer is not None and not local.lost and not self.writer.write_in_process(local):
             local.checkpoint()
+        if local.alias is not None:
+            self.aliases.pop(local.alias, None)
+            if local.run.splicer.leg > 0 and not local.lost:
+                # Remembered long after the run: its upstream's stored copy is cut short.
+                self._set_alias(local.alias, local.id + RECOVERED, RECOVERED_ALIAS_TTL)
         if self.store is not None or local.status == "detached":
             # The store serves late resumers (a replay, or a takeover if detached);
             # keeping the log here too would hold every answer twice for completed_ttl.
@@ -181,7 +279,7 @@ class Runs:
             raise self._refused(run_id)
         try:
             checkpoint = await self._load(store, run_id, credential)
-            if checkpoint.finished:
+            if _finished(checkpoint):
                 self._count("replay", "ok")
                 return (
                     self._replay(checkpoint, after, ids) if after < len(checkpoint.events) else None
@@ -201,7 +299,8 @@ class Runs:
                 f"unavailable ({type(exc).__name__})."
             ) from None
         self._count("tail", "ok")
-        return self._tail(store, run_id, credential, after, ids, forward_authorization)
+        adapter = adapter_named(checkpoint.record.protocol)
+        return self._tail(store, adapter, run_id, credential, after, ids, forward_authorization)
 
     def _refused(self, run_id: str) -> RunNotFound:
         self._count("none", "not_found")
@@ -243,20 +342,25 @@ class Runs:
         # Read again under the lease: the last owner may have written since.
         checkpoint = await self._load(store, run_id, credential)
         record, state = checkpoint.record, checkpoint.state
-        if checkpoint.finished:
+        if _finished(checkpoint):
             self._count("replay", "ok")
             return self._replay(checkpoint, after, ids)
         route = self._router.resolve(record.body.get("model"))
-        run = ChatRun(
+        adapter = adapter_named(record.protocol)
+        run = Run(
             run_id=run_id,
+            adapter=adapter,
             route=route,
             body=record.body,
             client_authorization=forward_authorization,
             upstreams=self._upstreams,
             metrics=self.metrics,
         )
+        accumulator = adapter.replay(checkpoint.events)
+        for leg, usage in state.usage_by_leg.items():
+            accumulator.set_usage(int(leg), usage)
         run.restore(
-            checkpoint.accumulator(),
+            accumulator,
             leg=state.leg,
             splice_leg=state.splice_leg,
             in_flight=[call.name or "unnamed tool" for call in state.in_flight],
@@ -278,7 +382,7 @@ class Runs:
         local = self.adopt(
             run,
             credential,
-            RunLog(checkpoint.events),
+            RunLog(adapter.ends, checkpoint.events),
             created=record.created,
             resume=cause,
             epoch=epoch,
@@ -289,6 +393,7 @@ class Runs:
     async def _tail(
         self,
         store: CheckpointStore,
+        adapter: Adapter,
         run_id: str,
         credential: str | None,
         after: int,
@@ -302,7 +407,7 @@ class Runs:
             watched_until = 0.0
             while True:
                 if self.stopping:
-                    yield self.shutdown_event(run_id)
+                    yield self.shutdown_event(run_id, adapter, seq)
                     return
                 if loop.time() >= watched_until:
                     await store.watch(run_id, 4 * block)
@@ -311,7 +416,7 @@ class Runs:
                 if entries:
                     yield render(entries, ids=ids)
                     seq = entries[-1][0]
-                    if is_terminal(entries[-1][1]):
+                    if adapter.is_terminal(entries[-1][1]):
                         return
                     continue
                 if await store.lease_holder(run_id) is not None:
@@ -321,7 +426,7 @@ class Runs:
                         store, run_id, credential, seq, ids, forward_authorization
                     )
                 except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
-                    yield sse_error_event(exc)
+                    yield adapter.error_event(exc, seq)
                     return
                 if taken is not None:
                     async for data in taken:
@@ -363,8 +468,8 @@ class Runs:
         """Other replicas read this process's checkpoints (a Redis store)."""
         return self.store is not None and self.store.shared
 
-    def shutdown_event(self, run_id: str) -> bytes:
-        """What a client of a run stopped by the drain receives last."""
+    def shutdown_event(self, run_id: str, adapter: Adapter, events: int) -> bytes:
+        """What a client of a run stopped by the drain receives last (after ``events``)."""
         if self.shared:
             message = (
                 f"This gateway replica is shutting down; run {run_id} was checkpointed. "
@@ -375,16 +480,16 @@ class Runs:
                 "The gateway is shutting down and could not finish this answer within its "
                 "drain timeout (listen.drain_timeout); the answer is incomplete."
             )
-        return sse_error_event(ShuttingDown(message))
+        return adapter.error_event(ShuttingDown(message), events)
 
-    def lost_event(self, run_id: str) -> bytes:
+    def lost_event(self, run_id: str, adapter: Adapter, events: int) -> bytes:
         """What a client of a run another replica took over receives last here."""
         message = (
             f"Run {run_id} has moved to another gateway replica: this one was unresponsive "
             f"longer than its lease, and the run was taken over. Resume it: "
             f"{_how_to_resume(run_id)}"
         )
-        return sse_error_event(RunMoved(message))
+        return adapter.error_event(RunMoved(message), events)
 
     async def aclose(self) -> None:
         """Stop relaying: each run gets a last checkpoint another replica can resume."""
@@ -392,6 +497,7 @@ class Runs:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # aliases being written
         if self.writer is not None:
             await self.writer.aclose()
         if self.store is not None:
@@ -403,3 +509,9 @@ def _how_to_resume(run_id: str) -> str:
         f"repeat the request with x-run-id: {run_id} and x-resume-from: <chunks received>, "
         f"or GET /v1/runs/{run_id}/events with Last-Event-ID."
     )
+
+
+def _finished(checkpoint: Checkpoint) -> bool:
+    """Whether the stored log ends the answer (its last event is terminal)."""
+    events = checkpoint.events
+    return bool(events) and adapter_named(checkpoint.record.protocol).is_terminal(events[-1])

@@ -1,4 +1,4 @@
-"""One chat-completion run: attempts over legs, and recovery when a stream breaks.
+"""One run: attempts over legs, and recovery when a stream breaks, for any protocol.
 
 The loop (ARCHITECTURE.md sections 3 and 4)::
 
@@ -12,7 +12,10 @@ The loop (ARCHITECTURE.md sections 3 and 4)::
              the next once this leg's budget is spent ──► relay again (same client stream)
 
 Errors before the client stream started are HTTP errors (``open``); after it, the
-stream ends with an in-band error event and no ``[DONE]`` (section 2, item 6).
+stream ends with the protocol's in-band error (section 2 item 6, section 2a).
+
+The loop knows its protocol (chat completions, Responses) only through its
+``Adapter`` (``gateway.protocols``): decoding, the splicer, request bodies.
 
 Hot path (per chunk): one orjson parse, the splicer's dict lookups, and the
 received bytes forwarded when nothing needs rewriting; with a ``min_throughput``, a
@@ -34,8 +37,9 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.errors import GatewayError, UpstreamFailure, UpstreamTimeout, sse_error_event
+from gateway.errors import GatewayError, UpstreamFailure, UpstreamTimeout
 from gateway.metrics import Metrics
+from gateway.protocols.base import Adapter
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.classify import (
     DESCRIPTIONS,
@@ -46,13 +50,11 @@ from gateway.recovery.classify import (
     is_transient_error,
     retry_after_seconds,
 )
-from gateway.recovery.events import Chunk, Done, InBandError, Malformed, parse_event
+from gateway.recovery.events import Chunk, Done, InBandError, Malformed
 from gateway.recovery.plan import Plan, plan_recovery
 from gateway.recovery.seam import SeamRule
-from gateway.recovery.splice import Splicer
-from gateway.recovery.throughput import ThroughputGuard, delta_chars
+from gateway.recovery.throughput import ThroughputGuard
 from gateway.upstream.client import PREFILL_MODES, UpstreamClient, UpstreamHTTPError
-from gateway.upstream.continuation import continuation_request
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import aiter_data
 
@@ -86,11 +88,12 @@ class StreamInterrupted(UpstreamFailure):
         self.fatal = fatal
 
 
-class ChatRun:
+class Run:
     def __init__(
         self,
         *,
         run_id: str | None = None,
+        adapter: Adapter,
         route: ResolvedRoute,
         body: dict[str, Any],
         client_authorization: str | None,
@@ -99,16 +102,11 @@ class ChatRun:
         started: float | None = None,
     ) -> None:
         self.id = run_id or uuid.uuid4().hex
+        self.adapter = adapter
         self.route = route
         self.stream = bool(body.get("stream"))
-        self.accumulator = RunAccumulator()
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        self.splicer = Splicer(
-            self.accumulator,
-            include_usage=include_usage or not self.stream,
-            assemble=not self.stream,
-        )
+        self.accumulator = adapter.new_accumulator()
+        self.splicer = adapter.splicer(self.accumulator, body)
         self._body = body
         self._client_authorization = client_authorization
         self._upstreams = upstreams
@@ -155,7 +153,8 @@ class ChatRun:
         self, accumulator: RunAccumulator, *, leg: int, splice_leg: int, in_flight: list[str]
     ) -> None:
         """Take over a run from a checkpoint: what the client was sent, and where it was."""
-        self.accumulator = self.splicer.sent = accumulator
+        self.accumulator = accumulator
+        self.splicer = self.adapter.splicer(accumulator, self._body)
         self._restored_legs = frozenset(accumulator.usage_by_leg)
         self.splicer.restore(splice_leg, in_flight)
         self._leg_index = min(leg, len(self.route.legs) - 1)
@@ -164,15 +163,10 @@ class ChatRun:
 
     def request_body(self, leg: ResolvedLeg) -> bytes | None:
         """The body for ``leg`` under the current plan; None if the leg cannot continue."""
-        body = self._body | {"model": leg.model}
-        if not self.stream:
-            # Non-streaming clients get the same protection: the gateway streams from
-            # the upstream and assembles the completion itself.
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
+        body = self.adapter.upstream_body(self._body, leg.model)
         self._seam = None
         if self._plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
-            continued = continuation_request(
+            continued = self.adapter.continuation(
                 body,
                 self._upstreams.continuation_of(leg),
                 self.accumulator.text,
@@ -213,7 +207,7 @@ class ChatRun:
             self._first_event_deadline = loop.time() + leg.timeouts.first_byte
             try:
                 self._response = await self._upstreams.open_stream(
-                    leg, body, self._client_authorization, self.idle_timeout(leg)
+                    leg, body, self._client_authorization, self.idle_timeout(leg), self.adapter.path
                 )
             except UpstreamHTTPError as exc:
                 if self._refused_prefill(leg, exc):
@@ -320,7 +314,7 @@ class ChatRun:
     # -- the client stream ----------------------------------------------------------
 
     async def aiter_sse(self, resume: Cause | None = None) -> AsyncIterator[bytes]:
-        """The client's SSE body: spliced chunks, then ``[DONE]`` or an error event.
+        """The client's SSE body: spliced events, then the successful end or an error.
 
         ``resume``: the run was restored from a checkpoint (``restore``) and starts
         with a recovery, as if its stream had broken for that cause.
@@ -333,7 +327,7 @@ class ChatRun:
                 yield data
         except GatewayError as exc:
             self.outcome = "failed"
-            yield self.splicer.usage_chunk() + sse_error_event(exc)
+            yield self.splicer.fail(exc)
         except asyncio.CancelledError:
             self.outcome = self.outcome or "detached"
             raise
@@ -341,7 +335,7 @@ class ChatRun:
             self.outcome = "failed"
             logger.exception("run failed", extra={"run_id": self.id})
             failed = GatewayError("The gateway failed while relaying the answer.")
-            yield self.splicer.usage_chunk() + sse_error_event(failed)
+            yield self.splicer.fail(failed)
         finally:
             metrics.active_streams.dec()
             metrics.stream_duration.labels(route).observe(time.perf_counter() - self._started)
@@ -349,7 +343,7 @@ class ChatRun:
             await self.aclose()
 
     async def collect(self) -> dict[str, Any]:
-        """Run to the end for a non-streaming client; return the assembled completion."""
+        """Run to the end for a non-streaming client; return the assembled answer."""
         try:
             async for _ in self._run():
                 pass
@@ -363,7 +357,7 @@ class ChatRun:
         finally:
             self._count_tokens()
             await self.aclose()
-        return self.accumulator.to_completion()
+        return self.adapter.assemble(self.accumulator)
 
     def _count_tokens(self) -> None:
         for leg, usage in self.accumulator.usage_by_leg.items():
@@ -474,7 +468,7 @@ class ChatRun:
     async def _relay(self) -> AsyncIterator[bytes]:
         """Client bytes for the open attempt; ``StreamInterrupted`` if it breaks."""
         assert self._response is not None, "open() first"
-        splicer = self.splicer
+        splicer, adapter = self.splicer, self.adapter
         received = False
         clock = asyncio.get_running_loop().time
         guard: ThroughputGuard | None = None
@@ -482,13 +476,13 @@ class ChatRun:
         try:
             async with asyncio.timeout_at(self._first_event_deadline) as first_event:
                 async for data in events:
-                    event = parse_event(data)
+                    event = adapter.parse_event(data)
                     if type(event) is Chunk:
                         if not received:
                             received = True
                             first_event.reschedule(None)
                             guard = self._throughput_guard(clock())
-                        slow = guard is not None and guard.add(delta_chars(event.obj), clock())
+                        slow = guard is not None and guard.add(adapter.delta_chars(event), clock())
                         out = splicer.feed(event)
                         if out is not None:
                             yield out

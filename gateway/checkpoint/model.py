@@ -12,8 +12,9 @@ A run is stored as three parts, all keyed by the run id:
   call in flight with its partial arguments, offsets delivered, timestamps),
   replaced at every checkpoint.
 
-Text, reasoning and completed tool calls are not stored twice: ``replay`` rebuilds
-them from the log, exactly as the client assembled them.
+Text, reasoning and completed tool calls are not stored twice: the protocol's
+adapter (``gateway.protocols``, named in the record) rebuilds them from the log,
+exactly as the client assembled them (``Adapter.replay``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,8 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.recovery.accumulator import REASONING_FIELDS, RunAccumulator, ToolCall
-
 Status = Literal["running", "done", "failed", "detached"]
 FINAL_STATUSES = frozenset({"done", "failed"})
-DONE_EVENT = b"data: [DONE]\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +38,7 @@ class RunRecord:
     route: str
     body: dict[str, Any]
     created: float  # unix time
+    protocol: str = "chat"  # the adapter that speaks the run's wire protocol
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively, fast
@@ -89,17 +88,6 @@ class Checkpoint:
     state: RunState
     events: list[bytes]  # the client's events 1..n; n may exceed state.seq
 
-    @property
-    def finished(self) -> bool:
-        return bool(self.events) and is_terminal(self.events[-1])
-
-    def accumulator(self) -> RunAccumulator:
-        """The client's view at the end of the stored log, with usage from the state."""
-        accumulator = replay(self.events)
-        for leg, usage in self.state.usage_by_leg.items():
-            accumulator.set_usage(int(leg), usage)
-        return accumulator
-
 
 @dataclass(frozen=True, slots=True)
 class Flush:
@@ -139,47 +127,3 @@ def owner_hash(key: bytes, credential: str | None) -> str:
 def split_events(data: bytes) -> list[bytes]:
     """SSE events as the gateway writes them: ``data: …`` lines, each ending in a blank line."""
     return [part + b"\n\n" for part in data.split(b"\n\n") if part]
-
-
-def is_terminal(event: bytes) -> bool:
-    """``[DONE]`` or an in-band error event: nothing follows it."""
-    return event == DONE_EVENT or event.startswith(b'data: {"error"')
-
-
-def replay(events: list[bytes]) -> RunAccumulator:
-    """Rebuild what the client assembled from the events it was sent."""
-    accumulator = RunAccumulator()
-    for event in events:
-        payload = event.removeprefix(b"data: ").rstrip(b"\n")
-        if payload == b"[DONE]":
-            continue
-        chunk = orjson.loads(payload)
-        if not isinstance(chunk, dict) or "error" in chunk:
-            continue
-        if accumulator.identity is None:
-            accumulator.identity = {
-                k: chunk.get(k) for k in ("id", "created", "model", "system_fingerprint")
-            }
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("role") and accumulator.role is None:
-                accumulator.role = delta["role"]
-            for name in REASONING_FIELDS:
-                if delta.get(name):
-                    accumulator.add_reasoning(name, delta[name])
-            if delta.get("content"):
-                accumulator.add_text(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                function = call.get("function") or {}
-                accumulator.tool_calls.append(
-                    ToolCall(
-                        len(accumulator.tool_calls),
-                        call.get("id") or f"call_{len(accumulator.tool_calls)}",
-                        function.get("name") or "",
-                        function.get("arguments") or "",
-                        call.get("type") or "function",
-                    )
-                )
-            if choice.get("finish_reason"):
-                accumulator.finish_reason = choice["finish_reason"]
-    return accumulator

@@ -227,6 +227,13 @@ class RedisStore:
         holder = await self._redis.get(_keys(run_id)[3])
         return None if holder is None else bytes(holder).decode()
 
+    async def set_alias(self, name: str, run_id: str, ttl: float) -> None:
+        await self._redis.set(f"rg:alias:{name}", run_id, px=int(ttl * 1000))
+
+    async def get_alias(self, name: str) -> str | None:
+        run_id = await self._redis.get(f"rg:alias:{name}")
+        return None if run_id is None else bytes(run_id).decode()
+
     async def claim(self, run_id: str, replica: str, ttl: float) -> int | None:
         _, _, state, lease, _, epoch = _keys(run_id)
         claimed = await self._claim_script([state, lease, epoch], [replica, int(ttl * 1000)])

@@ -62,6 +62,12 @@ class CheckpointStore(Protocol):
     async def watch(self, run_id: str, ttl: float) -> None:
         """Ask the owner to checkpoint every event for ``ttl`` seconds (a live tail)."""
 
+    async def set_alias(self, name: str, run_id: str, ttl: float) -> None:
+        """Let ``name`` (the id a client saw, e.g. a Responses response id) find the run."""
+
+    async def get_alias(self, name: str) -> str | None:
+        """The run ``name`` was set for, if it has not expired."""
+
     async def aclose(self) -> None: ...
 
 
@@ -106,6 +112,7 @@ class MemoryStore:
         self._key = secrets.token_bytes(32)
         self._written = asyncio.Event()  # any write: for readers of a run not stored yet
         self._next_sweep = 0.0
+        self._aliases: dict[str, tuple[str, float]] = {}  # name: (run id, expiry)
 
     def _get(self, run_id: str) -> _Run | None:
         run = self._runs.get(run_id)
@@ -184,6 +191,8 @@ class MemoryStore:
             self._next_sweep = now + SWEEP_INTERVAL
             for run_id in [k for k, r in self._runs.items() if r.expires <= now]:
                 del self._runs[run_id]
+            for name in [k for k, (_, e) in self._aliases.items() if e <= now]:
+                del self._aliases[name]
         return applied
 
     async def load(self, run_id: str) -> Checkpoint | None:
@@ -231,6 +240,13 @@ class MemoryStore:
         run = self._get(run_id)
         if run is not None:
             run.watch_expires = time.monotonic() + ttl
+
+    async def set_alias(self, name: str, run_id: str, ttl: float) -> None:
+        self._aliases[name] = (run_id, time.monotonic() + ttl)
+
+    async def get_alias(self, name: str) -> str | None:
+        run_id, expires = self._aliases.get(name, ("", 0.0))
+        return run_id if expires > time.monotonic() else None
 
     def memory_bytes(self, run_id: str) -> int:
         """The bytes a run's events take here (the in-memory store's cost per run)."""

@@ -42,6 +42,8 @@ class ToolCall:
 
 
 class RunAccumulator:
+    usage_counts = USAGE_COUNTS  # the fields summed over legs (a protocol's own names)
+
     def __init__(self) -> None:
         self.identity: dict[str, Any] | None = None  # id, created, model, system_fingerprint
         self.role: str | None = None
@@ -99,35 +101,12 @@ class RunAccumulator:
             return None
         if len(legs) == 1:
             return legs[0]
-        total = {k: sum(int(u.get(k) or 0) for u in legs) for k in USAGE_COUNTS}
-        return total
+        return {k: sum(int(u.get(k) or 0) for u in legs) for k in self.usage_counts}
 
-    def to_completion(self) -> dict[str, Any]:
-        """The assembled non-streaming ``chat.completion``."""
-        identity = self.identity or {}
-        message: dict[str, Any] = {"role": self.role or "assistant", "content": self.text or None}
-        if self._reasoning:
-            message[self.reasoning_field] = self.reasoning
-        if self._refusal:
-            message["refusal"] = "".join(self._refusal)
-        if self.tool_calls:
-            message["tool_calls"] = [call.as_message_call() for call in self.tool_calls]
-        completion: dict[str, Any] = {
-            "id": identity.get("id"),
-            "object": "chat.completion",
-            "created": identity.get("created"),
-            "model": identity.get("model"),
-            "system_fingerprint": identity.get("system_fingerprint"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": self.finish_reason,
-                    "logprobs": self._logprobs or None,
-                }
-            ],
-        }
-        usage = self.usage
-        if usage is not None:
-            completion["usage"] = usage
-        return completion
+    @property
+    def refusal(self) -> str:
+        return "".join(self._refusal)
+
+    @property
+    def logprobs(self) -> dict[str, list[Any]]:
+        return self._logprobs

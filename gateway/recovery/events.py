@@ -1,4 +1,7 @@
-"""Normalized upstream events: what one SSE ``data:`` payload means to the gateway."""
+"""Neutral upstream events: what one SSE ``data:`` payload means to the recovery engine.
+
+Each protocol adapter (``gateway.protocols``) decodes its own payloads into these.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import orjson
 
 @dataclass(slots=True)
 class Chunk:
-    """A ``chat.completion.chunk``; ``data`` is the payload as received, for pass-through."""
+    """A payload that belongs to the answer; ``data`` is as received, for pass-through."""
 
     data: bytes
     obj: dict[str, Any]
@@ -18,7 +21,7 @@ class Chunk:
 
 @dataclass(slots=True)
 class InBandError:
-    """``{"error": ...}`` sent inside a 200 stream (OpenRouter, vLLM)."""
+    """An error sent inside a 200 stream (OpenRouter, vLLM; a Responses ``error`` event)."""
 
     error: dict[str, Any]
 
@@ -30,7 +33,7 @@ class InBandError:
 
 @dataclass(slots=True)
 class Done:
-    """``data: [DONE]``."""
+    """The upstream says its stream is over (``data: [DONE]``)."""
 
 
 @dataclass(slots=True)
@@ -45,36 +48,19 @@ Event = Chunk | InBandError | Done | Malformed
 DONE = Done()
 
 
-def parse_event(data: bytes) -> Event:
-    if data == b"[DONE]":
-        return DONE
+def decode(data: bytes) -> Chunk | Malformed:
+    """A payload as a JSON object (a ``Chunk`` to classify further), or ``Malformed``.
+
+    Invalid UTF-8 (orjson refuses it) is decoded as a direct client's SDK would
+    (httpx decodes with replacement): U+FFFD, never a silent drop of the whole event
+    and its content. The repaired payload is what is relayed.
+    """
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         try:
-            # Invalid UTF-8 (orjson refuses it) is decoded as a direct client's SDK
-            # would (httpx decodes with replacement): U+FFFD, never a silent drop of
-            # the whole event and its content. The repaired payload is what is relayed.
             data = data.decode("utf-8", "replace").encode()
             obj = orjson.loads(data)
         except (UnicodeError, orjson.JSONDecodeError):
             return Malformed(data)
-    if not isinstance(obj, dict):
-        return Malformed(data)
-    error = obj.get("error")
-    if error is not None:
-        return InBandError(error if isinstance(error, dict) else {"message": str(error)})
-    choices = obj.get("choices")
-    if choices is None:
-        return Chunk(data, obj)
-    if type(choices) is not list or not all(type(c) is dict for c in choices):
-        return Malformed(data)
-    if choices:
-        choice = choices[0]
-        delta = choice.get("delta")
-        if delta is not None and type(delta) is not dict:
-            return Malformed(data)
-        if choice.get("finish_reason") == "error":
-            # vLLM ends an aborted generation this way, with no detail: a server error.
-            return InBandError({"message": "finish_reason 'error'", "code": 500})
-    return Chunk(data, obj)
+    return Chunk(data, obj) if isinstance(obj, dict) else Malformed(data)

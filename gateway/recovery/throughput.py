@@ -10,37 +10,10 @@ arrives is enough.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from gateway.config import MinThroughput
 
 _STEPS = 4  # samples per window: the window slides by a quarter of its length
-
-
-def delta_chars(chunk: dict[str, Any]) -> int:
-    """Characters a chunk adds to the answer: content, reasoning, tool-call arguments.
-
-    Arguments count too, or a long tool call would look like a stall.
-    """
-    choices = chunk.get("choices")
-    if not choices:
-        return 0
-    delta = choices[0].get("delta")
-    if not delta:
-        return 0
-    chars = 0
-    for key in ("content", "reasoning_content", "reasoning"):
-        text = delta.get(key)
-        if type(text) is str:
-            chars += len(text)
-    calls = delta.get("tool_calls")
-    if type(calls) is list:
-        for call in calls:
-            function = call.get("function") if type(call) is dict else None
-            arguments = function.get("arguments") if type(function) is dict else None
-            if type(arguments) is str:
-                chars += len(arguments)
-    return chars
 
 
 class ThroughputGuard:

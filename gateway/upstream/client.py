@@ -97,9 +97,7 @@ class UpstreamClient:
         # message: from then on they are continued in prompt mode (shared by the views).
         self._no_prefill: set[tuple[str, str]] = set()
         self._roots = {u.name: httpx.URL(u.base_url) for u in upstreams}
-        self._chat_urls = {
-            name: upstream_url(root, "/chat/completions") for name, root in self._roots.items()
-        }
+        self._stream_urls: dict[tuple[str, str], httpx.URL] = {}  # (upstream, path): URL
         self.max_event_bytes = limits.max_event_bytes  # one SSE line or event (sse.py)
         # Set on a view by ``for_client``: what goes upstream from its client, and what
         # comes back to it from the first response that answered (the app's client keeps
@@ -221,8 +219,9 @@ class UpstreamClient:
         body: bytes,
         client_authorization: str | None,
         idle_timeout: float,
+        path: str = "/chat/completions",
     ) -> httpx.Response:
-        """POST a streaming chat completion and wait for its headers.
+        """POST a streaming request (a chat completion, a response…) and wait for its headers.
 
         Returns the open response (the caller closes it). An error status raises
         ``UpstreamHTTPError`` with the body read; transport failures raise 502/504.
@@ -236,7 +235,7 @@ class UpstreamClient:
         with map_open_errors(leg):
             response = await self._send(
                 "POST",
-                self._chat_urls[upstream.name],
+                self._stream_url(upstream.name, path),
                 headers,
                 body,
                 self.timeout(leg, idle_timeout),
@@ -248,6 +247,12 @@ class UpstreamClient:
         if self._view and self.answer_metadata is None:
             self.answer_metadata = answer_metadata(response.headers.multi_items())
         return response
+
+    def _stream_url(self, upstream: str, path: str) -> httpx.URL:
+        url = self._stream_urls.get((upstream, path))
+        if url is None:
+            url = self._stream_urls[upstream, path] = upstream_url(self._roots[upstream], path)
+        return url
 
     async def forward(
         self,

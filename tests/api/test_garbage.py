@@ -21,12 +21,12 @@ from openai import OpenAI
 from gateway.app import CONFIG_ENV, create_app_from_env
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.durable import LocalRun, RunLog
-from gateway.run import ChatRun
+from gateway.run import Run
 from gateway.upstream.transport import _Connection
 from tests.api.streams import MESSAGES, stream_chat
 from tests.servers import gateway_config, running_gateway, wait_for
 
-RUN_TYPES = (LocalRun, ChatRun, RunLog)
+RUN_TYPES = (LocalRun, Run, RunLog)
 FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.02, "idle_retry_delay": 0.01}
 
 

@@ -21,6 +21,7 @@ import redis
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.checkpoint.model import Checkpoint
 from gateway.checkpoint.redis import RedisStore
+from gateway.protocols import CHAT
 from tests.api.streams import MESSAGES
 from tests.redis_server import RedisServer, running_redis
 from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
@@ -112,8 +113,8 @@ def test_a_checkpoint_every_four_content_deltas_holds_what_the_client_has(
         )
         assert checkpoint.state.seq == 9
         assert checkpoint.state.status == "running"
-        assert checkpoint.accumulator().text == content(events)
-        assert answer.text.startswith(checkpoint.accumulator().text)
+        assert CHAT.replay(checkpoint.events).text == content(events)
+        assert answer.text.startswith(CHAT.replay(checkpoint.events).text)
         assert checkpoint.state.text_chars == len(content(events))
         assert checkpoint.record.body == {"model": model, "messages": MESSAGES, "stream": True}
         assert checkpoint.record.owner != KEY and len(checkpoint.record.owner) == 64
@@ -163,7 +164,7 @@ def test_an_interruption_is_checkpointed_with_the_call_in_flight(
         )
         state = checkpoint.state
         assert state.cause == "reset"
-        assert checkpoint.accumulator().text == answer.text
+        assert CHAT.replay(checkpoint.events).text == answer.text
         [call] = state.in_flight
         assert call.name == answer.tool_calls[0].name
         assert answer.tool_calls[0].arguments.startswith(call.arguments)
@@ -184,8 +185,8 @@ def test_a_completed_run_is_kept_briefly_or_deleted(
         checkpoint = wait_for(
             lambda: (c := load(redis_server.url, run_id)) and c.state.status == "done" and c
         )
-        assert checkpoint.accumulator().text == expected_answer(model).text
-        assert checkpoint.finished
+        assert CHAT.replay(checkpoint.events).text == expected_answer(model).text
+        assert CHAT.is_terminal(checkpoint.events[-1])
         tag = f"rg:{{{run_id}}}:"
         assert 0 < r.pttl(tag + "state") <= 60_000  # completed_ttl
         assert not r.exists(tag + "lease")
@@ -234,7 +235,7 @@ def test_streams_survive_redis_dying_and_checkpoints_resume_when_it_returns(
         some = models[0]
         checkpoint = wait_for(lambda: load(redis_server.url, run_ids[some]))
         assert checkpoint.events and checkpoint.state.seq == len(checkpoint.events)
-        assert expected_answer(some).text.startswith(checkpoint.accumulator().text)
+        assert expected_answer(some).text.startswith(CHAT.replay(checkpoint.events).text)
         for thread in threads:
             thread.join(30)
     for model in models:

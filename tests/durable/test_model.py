@@ -14,14 +14,13 @@ from gateway.checkpoint.model import (
     InFlightCall,
     RunRecord,
     RunState,
-    is_terminal,
     owner_hash,
-    replay,
     split_events,
 )
 from gateway.checkpoint.redis import connect
 from gateway.checkpoint.store import MemoryStore
 from gateway.config import ConfigError, parse_config
+from gateway.protocols import CHAT
 
 
 def event(delta: dict[str, object], finish: str | None = None) -> bytes:
@@ -47,7 +46,7 @@ def test_replay_rebuilds_what_the_client_assembled() -> None:
         event({}, "tool_calls"),
         b"data: [DONE]\n\n",
     ]
-    accumulator = replay(split_events(b"".join(events)))
+    accumulator = CHAT.replay(split_events(b"".join(events)))
     assert accumulator.identity == {"id": "c1", "created": 1, "model": "m",
                                     "system_fingerprint": None}  # fmt: skip
     assert accumulator.role == "assistant"
@@ -55,8 +54,8 @@ def test_replay_rebuilds_what_the_client_assembled() -> None:
     assert accumulator.reasoning == "think "
     assert [c.as_delta() for c in accumulator.tool_calls] == [call]
     assert accumulator.finish_reason == "tool_calls"
-    assert is_terminal(events[-1]) and not is_terminal(events[-2])
-    assert is_terminal(b'data: {"error": {"message": "x"}}\n\n')
+    assert CHAT.is_terminal(events[-1]) and not CHAT.is_terminal(events[-2])
+    assert CHAT.is_terminal(b'data: {"error": {"message": "x"}}\n\n')
 
 
 def test_owner_hash_is_keyed_and_never_the_credential() -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from gateway.recovery.events import DONE, Chunk, InBandError, Malformed, parse_event
+from gateway.protocols.chat import parse_event
+from gateway.recovery.events import DONE, Chunk, InBandError, Malformed
 
 
 def test_chunk_keeps_its_payload_for_pass_through() -> None:

@@ -7,11 +7,12 @@ from typing import Any
 
 import orjson
 
+from gateway.protocols import CHAT
+from gateway.protocols.chat_splice import Splicer
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk
 from gateway.recovery.plan import Plan, plan_recovery
 from gateway.recovery.seam import SeamRule
-from gateway.recovery.splice import Splicer
 
 
 def chunk(
@@ -238,7 +239,7 @@ def test_logprobs_and_refusal_are_kept_in_stream_and_assembly() -> None:
     splicer.begin_leg(Plan.WHOLE_RESTART)  # a later leg: the chunk is rebuilt, not passed
     [out] = decode(splicer.feed(Chunk(orjson.dumps(obj), obj)))
     assert out["choices"][0]["logprobs"] == logprobs
-    completion = splicer.sent.to_completion()
+    completion = CHAT.assemble(splicer.sent)
     assert completion["choices"][0]["message"]["refusal"] == "No"
     assert completion["choices"][0]["logprobs"] == logprobs
 
@@ -273,4 +274,4 @@ def test_a_stream_relays_logprobs_without_keeping_them() -> None:
     splicer.begin_leg(Plan.WHOLE_RESTART)
     [out] = decode(splicer.feed(Chunk(orjson.dumps(obj), obj)))
     assert out["choices"][0]["logprobs"] == logprobs
-    assert splicer.sent.to_completion()["choices"][0]["logprobs"] is None
+    assert CHAT.assemble(splicer.sent)["choices"][0]["logprobs"] is None

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from gateway.chaos.answer import anchor_of
 from gateway.chaos.spec import parse_spec
 from gateway.config import Continuation
+from gateway.protocols.chat_splice import Splicer
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk
 from gateway.recovery.plan import Plan
 from gateway.recovery.seam import ANCHOR_MAX, SeamRule, SeamTrimmer, anchor_tail
-from gateway.recovery.splice import Splicer
 from gateway.upstream.continuation import continuation_request
 
 VOCABULARY = ["papa", " papa", " sierra", " ", "    }", "\n", "1,", " 1", "|", "é", "👩‍💻"]

@@ -4,7 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import MinThroughput
-from gateway.recovery.throughput import ThroughputGuard, delta_chars
+from gateway.protocols.chat import delta_chars
+from gateway.recovery.throughput import ThroughputGuard
 
 MINIMUM = MinThroughput(chars_per_s=10, window=2, grace=3)
 

@@ -1,0 +1,126 @@
+"""What a wire protocol has to say to the recovery engine (ARCHITECTURE.md sections 2a, 7).
+
+The run loop (``gateway.run``), durable runs (``gateway.durable``, ``gateway.resume``)
+and checkpoints know a protocol only through an ``Adapter``:
+
+- **decode**: an upstream SSE payload as the engine's neutral events (``Chunk``,
+  ``InBandError``, ``Done``, ``Malformed``), and what a chunk adds (throughput);
+- **render**: a ``ClientStream`` (the splicer) that turns the chunks of one or more
+  legs into the client's stream in the protocol's own shape, recording what it sent
+  in a ``RunAccumulator``; the terminal events; the assembled non-streaming answer;
+- **continue**: the upstream request of a leg, and of a continuation (``SeamRule``);
+- **replay**: the client's view rebuilt from the events it was sent (a takeover).
+
+Adding a protocol adds an adapter; the loop, the run log and checkpoints stay as they are.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+from gateway.config import Continuation
+from gateway.errors import GatewayError
+from gateway.recovery.accumulator import RunAccumulator
+from gateway.recovery.events import Chunk, Event
+from gateway.recovery.plan import Plan, Sent
+from gateway.recovery.seam import SeamRule
+from gateway.upstream.continuation import ContinuationRequest
+
+
+class ClientStream(Protocol):
+    """The splicer of one run: upstream chunks in, the client's bytes out."""
+
+    leg: int
+    finished: bool
+
+    @property
+    def sent(self) -> RunAccumulator:
+        """What the client has been sent (the run's accumulator)."""
+        ...
+
+    def restore(self, leg: int, in_flight: list[str]) -> None: ...
+    def in_flight(self) -> list[str]: ...
+    def held_calls(self) -> list[tuple[str, str]]: ...
+    @property
+    def trimmed(self) -> int: ...
+    def seam_outcomes(self) -> list[str]: ...
+    def snapshot(self) -> Sent: ...
+    def begin_leg(self, plan: Plan, seam: SeamRule | None = None) -> None: ...
+    def feed(self, chunk: Chunk) -> bytes | None: ...
+    def end_leg(self) -> None: ...
+    def synthesize_tool_use(self) -> bytes: ...
+    def close(self) -> bytes:
+        """The end of a successful answer (the answer is finished)."""
+        ...
+
+    def fail(self, error: GatewayError) -> bytes:
+        """The end of an answer that cannot be completed (section 2 item 6, 2a)."""
+        ...
+
+
+class Adapter(ABC):
+    """One wire protocol: ``chat`` (chat completions) or ``responses``."""
+
+    name: ClassVar[str]
+    path: ClassVar[str]  # the upstream path, under the upstream's base URL
+    # Whether clients name a run by the answer's own id (``identity["id"]``), as
+    # ``GET /v1/responses/{id}`` and ``previous_response_id`` do: the run keeps an alias.
+    aliased: ClassVar[bool] = False
+
+    @abstractmethod
+    def parse_event(self, data: bytes) -> Event:
+        """One SSE ``data:`` payload from the upstream."""
+
+    @abstractmethod
+    def delta_chars(self, chunk: Chunk) -> int:
+        """Characters a chunk adds to the answer (text, reasoning, arguments)."""
+
+    @abstractmethod
+    def new_accumulator(self) -> RunAccumulator: ...
+
+    @abstractmethod
+    def splicer(self, accumulator: RunAccumulator, body: dict[str, Any]) -> ClientStream:
+        """The client stream of a run of ``body`` (the client's request)."""
+
+    @abstractmethod
+    def upstream_body(self, body: dict[str, Any], model: str) -> dict[str, Any]:
+        """The request a leg sends: always streaming (a non-streaming client's answer
+        is assembled by the gateway, with the same recovery)."""
+
+    @abstractmethod
+    def continuation(
+        self,
+        body: dict[str, Any],
+        capability: Continuation,
+        prefix: str,
+        prompt: str,
+        *,
+        anchored: bool,
+    ) -> ContinuationRequest | None:
+        """The request that continues ``prefix`` (None: the upstream cannot)."""
+
+    @abstractmethod
+    def assemble(self, accumulator: RunAccumulator) -> dict[str, Any]:
+        """The non-streaming answer, from what the splicer recorded."""
+
+    @abstractmethod
+    def replay(self, events: list[bytes]) -> RunAccumulator:
+        """What a client assembled from ``events`` (the stored log of a run)."""
+
+    @abstractmethod
+    def is_terminal(self, event: bytes) -> bool:
+        """An event nothing follows: success or failure."""
+
+    @abstractmethod
+    def succeeded(self, event: bytes) -> bool:
+        """A terminal event that ends a complete answer."""
+
+    @abstractmethod
+    def ends(self, event: bytes) -> bool:
+        """An event a client that resumes ahead of the log still needs (the answer's end)."""
+
+    @abstractmethod
+    def error_event(self, error: GatewayError, events: int) -> bytes:
+        """An error that ends a stream of ``events`` events, outside any splicer
+        (a replica that shuts down or lost the run)."""
