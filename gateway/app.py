@@ -24,6 +24,7 @@ from starlette.routing import Route
 from gateway.api import ops
 from gateway.api.chat import chat_completions
 from gateway.api.passthrough import list_models, passthrough
+from gateway.api.responses import create_response, retrieve_response
 from gateway.api.runs import run_events
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.context import Gateway
@@ -110,6 +111,8 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
         Route("/v1/{path:path}", passthrough, methods=ALL_METHODS),

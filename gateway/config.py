@@ -30,6 +30,9 @@ ENV_PREFIX = "GATEWAY_"
 DEFAULT_UPSTREAM_URL = "https://api.openai.com/v1"
 
 Continuation = Literal["prompt", "vllm", "prefix", "prefix_echo", "none"]
+# The streaming APIs an upstream serves: OpenAI, vLLM, Ollama and OpenRouter serve
+# both; a server with chat completions only says ["chat"].
+Protocol = Literal["chat", "responses"]
 
 
 class ConfigError(Exception):
@@ -101,6 +104,7 @@ class Upstream(_Model):
     # default is prefix. A leg's own `continuation` wins over both.
     continuation_models: dict[str, Continuation] = Field(default_factory=dict)
     circuit: Circuit = Circuit()
+    protocols: list[Protocol] = Field(default=["chat", "responses"], min_length=1)
 
     @property
     def root(self) -> str:

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive
 
+from gateway.api.answer import answer
 from gateway.api.fields import apply_fallbacks, without_gateway_fields
-from gateway.api.passthrough import forward_json, upstream_error_response
-from gateway.api.runs import RunStream, disconnected, resume_chat
+from gateway.api.passthrough import forward_json
+from gateway.api.runs import resume_stream
 from gateway.context import gateway_of
-from gateway.errors import GatewayError, UpstreamFailure
-from gateway.observe import CLIENT_CLOSED, request_log
-from gateway.recovery.classify import RETRYABLE_STATUSES
-from gateway.run import ChatRun
-from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
-
-# On an error the gateway already retried: SDKs (openai, anthropic) that honour it do
-# not retry on top, so a client's retries never multiply the gateway's (no storm).
-NO_RETRY = {"x-should-retry": "false"}
+from gateway.observe import request_log
+from gateway.protocols import CHAT
 
 
 async def chat_completions(request: Request) -> Response:
@@ -32,90 +22,13 @@ async def chat_completions(request: Request) -> Response:
     client_authorization = gateway.auth.authorize(request)
     resumed = request.headers.get("x-run-id")
     if resumed is not None:
-        return await resume_chat(request, gateway, resumed)
+        return await resume_stream(request, gateway, resumed)
     body = await gateway.read_json(request)
     route = gateway.router.resolve(body.get("model"))
-    log = request_log()
-    log.route = route.name
-    route = apply_fallbacks(route, body.get("fallbacks"), gateway.router)
+    request_log().route = route.name
+    route = apply_fallbacks(route, body.get("fallbacks"), gateway.router).serving(CHAT.name)
     body = without_gateway_fields(body)  # a strict upstream refuses fields it does not know
     if body.get("n") not in (None, 1):
         # Several choices: relayed as they are, without splicing (so without recovery).
         return await forward_json(request, gateway, route.legs[0], body, client_authorization)
-
-    # The client's forwardable headers go upstream with every leg (upstream/headers.py).
-    upstreams = gateway.upstreams.for_client(
-        request.headers.items(), credentials=gateway.auth.passes_credentials
-    )
-    run = ChatRun(
-        route=route,
-        body=body,
-        client_authorization=client_authorization,
-        upstreams=upstreams,
-        metrics=gateway.metrics,
-        started=started,
-    )
-    log.run = run
-    headers = {"x-run-id": run.id}
-    try:
-        if run.stream:
-            with gateway.runs.in_progress():
-                await run.open()
-                # Relayed by its own task: the run outlives this connection (detach).
-                local = gateway.runs.adopt(run, request.headers.get("authorization"))
-            return RunStream(local.attach(0, ids=False), _answer_headers(upstreams, headers))
-        completion = await _complete(run, request.receive)
-    except UpstreamHTTPError as exc:
-        # The upstream's own 4xx/5xx before any stream: passed through unchanged, but
-        # one the gateway retried (429/5xx, its Retry-After kept) is not to be retried.
-        if exc.status_code in RETRYABLE_STATUSES:
-            headers |= NO_RETRY
-        return upstream_error_response(exc.status_code, exc.headers, exc.content, **headers)
-    except GatewayError as exc:
-        response = exc.response()
-        response.headers.update(headers)
-        if isinstance(exc, UpstreamFailure):  # 502/504 once every leg's budget is spent
-            response.headers.update(NO_RETRY)
-        return response
-    if completion is None:  # nobody is there to read it
-        return Response(status_code=CLIENT_CLOSED, headers=headers)
-    return Response(
-        orjson.dumps(completion),
-        media_type="application/json",
-        headers=_answer_headers(upstreams, headers),
-    )
-
-
-def _answer_headers(upstreams: UpstreamClient, headers: dict[str, str]) -> dict[str, str]:
-    """The upstream's request metadata (x-request-id, rate limits…) and the gateway's own."""
-    return (upstreams.answer_metadata or {}) | headers
-
-
-async def _complete(run: ChatRun, receive: Receive) -> dict[str, Any] | None:
-    """Open and collect a non-streaming run; None if its client left first.
-
-    Nothing reads the client's connection while it waits for its one body, so a task
-    does: a disconnect cancels the run, which closes the upstream response at once
-    (ARCHITECTURE.md section 3) instead of paying for an answer nobody will read.
-    """
-    handler = asyncio.current_task()
-    assert handler is not None
-    waiting = True
-
-    def left(gone: asyncio.Future[None]) -> None:
-        if waiting and not gone.cancelled() and gone.exception() is None:
-            handler.cancel()
-
-    gone = asyncio.ensure_future(disconnected(receive))
-    gone.add_done_callback(left)
-    try:
-        await run.open()
-        return await run.collect()
-    except asyncio.CancelledError:
-        if not gone.done() or gone.cancelled() or handler.uncancel() > 0:
-            raise  # cancelled from outside, not by the client leaving
-        run.outcome = run.outcome or "cancelled"  # it left while the run was opening
-        return None
-    finally:
-        waiting = False
-        gone.cancel()
+    return await answer(request, gateway, CHAT, route, body, client_authorization, started)

@@ -95,7 +95,7 @@ def parse_offset(value: str | None, name: str) -> int:
     return int(value)
 
 
-async def _resume(
+async def resume_run(
     request: Request, gateway: Gateway, run_id: str, after: int, *, ids: bool
 ) -> AsyncIterator[bytes] | None:
     forward = gateway.auth.authorize(request)
@@ -119,7 +119,7 @@ async def run_events(request: Request) -> Response:
         after = parse_offset(header.strip(), "Last-Event-ID")
     else:
         after = parse_offset(request.query_params.get("after"), "after")
-    body = await _resume(request, gateway, run_id, after, ids=True)
+    body = await resume_run(request, gateway, run_id, after, ids=True)
     if body is None:
         return Response(status_code=204, headers={"x-run-id": run_id})
     # ping=0: a comment keepalive after an id: line breaks the openai SDK's decoder.
@@ -128,14 +128,14 @@ async def run_events(request: Request) -> Response:
     )
 
 
-async def resume_chat(request: Request, gateway: Gateway, run_id: str) -> Response:
-    """``POST /v1/chat/completions`` carrying ``x-run-id``: the rest of that run's stream."""
+async def resume_stream(request: Request, gateway: Gateway, run_id: str) -> Response:
+    """A ``POST`` (chat completions, responses) carrying ``x-run-id``: the rest of that run."""
     await gateway.read_body(request)  # same limits as any request; the body is not used
     after = parse_offset(request.headers.get("x-resume-from"), "x-resume-from")
-    body = await _resume(request, gateway, run_id, after, ids=False)
-    return RunStream(body if body is not None else _empty(), {"x-run-id": run_id})
+    body = await resume_run(request, gateway, run_id, after, ids=False)
+    return RunStream(body if body is not None else no_events(), {"x-run-id": run_id})
 
 
-async def _empty() -> AsyncIterator[bytes]:
+async def no_events() -> AsyncIterator[bytes]:
     return
     yield b""

@@ -47,6 +47,19 @@ class ResolvedRoute:
     continuation_anchor: bool = True
     min_throughput: MinThroughput | None = None  # off unless the route sets one
 
+    def serving(self, protocol: str) -> ResolvedRoute:
+        """This route with only the legs whose upstream serves ``protocol``;
+        ``NotFound`` naming the route if none does."""
+        legs = tuple(leg for leg in self.legs if protocol in leg.upstream.protocols)
+        if not legs:
+            upstreams = ", ".join(sorted({leg.upstream.name for leg in self.legs}))
+            raise NotFound(
+                f"No upstream of route {self.name!r} ({upstreams}) serves the {protocol} API; "
+                f"list it in the upstream's 'protocols'.",
+                code="protocol_not_served",
+            )
+        return self if len(legs) == len(self.legs) else dataclasses.replace(self, legs=legs)
+
     def with_fallbacks(self, fallbacks: Sequence[ResolvedLeg]) -> ResolvedRoute:
         """This route with its primary and ``fallbacks`` in place of its own (a request's
         ``fallbacks`` field, api/fields.py)."""

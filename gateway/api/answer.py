@@ -1,0 +1,116 @@
+"""A run's answer to its client: streamed as it is relayed, or assembled (any protocol)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive
+
+from gateway.api.passthrough import upstream_error_response
+from gateway.api.runs import RunStream, disconnected
+from gateway.context import Gateway
+from gateway.errors import GatewayError, UpstreamFailure
+from gateway.observe import CLIENT_CLOSED, request_log
+from gateway.protocols import Adapter
+from gateway.recovery.classify import RETRYABLE_STATUSES
+from gateway.run import Run
+from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
+from gateway.upstream.routes import ResolvedRoute
+
+# On an error the gateway already retried: SDKs (openai, anthropic) that honour it do
+# not retry on top, so a client's retries never multiply the gateway's (no storm).
+NO_RETRY = {"x-should-retry": "false"}
+
+
+async def answer(
+    request: Request,
+    gateway: Gateway,
+    adapter: Adapter,
+    route: ResolvedRoute,
+    body: dict[str, Any],
+    client_authorization: str | None,
+    started: float,
+) -> Response:
+    """Start a run of ``body`` on ``route`` and answer with it."""
+    # The client's forwardable headers go upstream with every leg (upstream/headers.py).
+    upstreams = gateway.upstreams.for_client(
+        request.headers.items(), credentials=gateway.auth.passes_credentials
+    )
+    run = Run(
+        adapter=adapter,
+        route=route,
+        body=body,
+        client_authorization=client_authorization,
+        upstreams=upstreams,
+        metrics=gateway.metrics,
+        started=started,
+    )
+    request_log().run = run
+    headers = {"x-run-id": run.id}
+    try:
+        if run.stream:
+            with gateway.runs.in_progress():
+                await run.open()
+                # Relayed by its own task: the run outlives this connection (detach).
+                local = gateway.runs.adopt(run, request.headers.get("authorization"))
+            return RunStream(local.attach(0, ids=False), _answer_headers(upstreams, headers))
+        assembled = await _complete(run, request.receive)
+    except UpstreamHTTPError as exc:
+        # The upstream's own 4xx/5xx before any stream: passed through unchanged, but
+        # one the gateway retried (429/5xx, its Retry-After kept) is not to be retried.
+        if exc.status_code in RETRYABLE_STATUSES:
+            headers |= NO_RETRY
+        return upstream_error_response(exc.status_code, exc.headers, exc.content, **headers)
+    except GatewayError as exc:
+        response = exc.response()
+        response.headers.update(headers)
+        if isinstance(exc, UpstreamFailure):  # 502/504 once every leg's budget is spent
+            response.headers.update(NO_RETRY)
+        return response
+    if assembled is None:  # nobody is there to read it
+        return Response(status_code=CLIENT_CLOSED, headers=headers)
+    gateway.runs.assembled(run, request.headers.get("authorization"), assembled)
+    return Response(
+        orjson.dumps(assembled),
+        media_type="application/json",
+        headers=_answer_headers(upstreams, headers),
+    )
+
+
+def _answer_headers(upstreams: UpstreamClient, headers: dict[str, str]) -> dict[str, str]:
+    """The upstream's request metadata (x-request-id, rate limits…) and the gateway's own."""
+    return (upstreams.answer_metadata or {}) | headers
+
+
+async def _complete(run: Run, receive: Receive) -> dict[str, Any] | None:
+    """Open and collect a non-streaming run; None if its client left first.
+
+    Nothing reads the client's connection while it waits for its one body, so a task
+    does: a disconnect cancels the run, which closes the upstream response at once
+    (ARCHITECTURE.md section 3) instead of paying for an answer nobody will read.
+    """
+    handler = asyncio.current_task()
+    assert handler is not None
+    waiting = True
+
+    def left(gone: asyncio.Future[None]) -> None:
+        if waiting and not gone.cancelled() and gone.exception() is None:
+            handler.cancel()
+
+    gone = asyncio.ensure_future(disconnected(receive))
+    gone.add_done_callback(left)
+    try:
+        await run.open()
+        return await run.collect()
+    except asyncio.CancelledError:
+        if not gone.done() or gone.cancelled() or handler.uncancel() > 0:
+            raise  # cancelled from outside, not by the client leaving
+        run.outcome = run.outcome or "cancelled"  # it left while the run was opening
+        return None
+    finally:
+        waiting = False
+        gone.cancel()

@@ -1,0 +1,99 @@
+"""A Responses stream resumed on another replica after its owner was SIGKILLed.
+
+The client re-attaches the way OpenAI documents it, ``client.responses.retrieve(id,
+stream=True, starting_after=N)``, with the id it saw in ``response.created``: the
+other replica finds the run through Redis, takes it over from the checkpoint and
+continues the upstream. The events before and after must read as one stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+from openai import OpenAI
+
+from gateway.chaos import ChaosUpstream, expected_answer
+from tests.api.test_responses import Streamed, check_contract
+from tests.processes import DEADLINE, Replicas, replica_config, wait_until
+from tests.redis_server import RedisServer, running_redis
+
+CREDENTIAL = "sk-owner"
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+@pytest.fixture
+def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
+    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
+    chaos.requests.clear()
+    with Replicas(config, tmp_path) as running:
+        yield running
+
+
+def state(store: redis.Redis, run_id: str) -> dict[str, Any]:
+    raw = store.get(f"rg:{{{run_id}}}:state")
+    assert raw is not None, f"run {run_id} has no checkpoint"
+    checkpoint: dict[str, Any] = orjson.loads(raw)
+    return checkpoint
+
+
+def test_retrieve_on_another_replica_after_the_owner_is_killed_takes_the_run_over(
+    replicas: Replicas, chaos: ChaosUpstream, redis_server: RedisServer
+) -> None:
+    model = "chaos:text=80,seed=41,pace_ms=25"
+    a, b = replicas.start("A", "B")
+    first: list[Any] = []
+    store = redis.Redis.from_url(redis_server.url)
+    try:
+        with OpenAI(base_url=a.base_url, api_key=CREDENTIAL, max_retries=0) as client:
+            raw = client.responses.with_raw_response.create(model=model, input="x", stream=True)
+            run_id = raw.headers["x-run-id"]
+            stream = raw.parse()
+            for event in stream:
+                first.append(event)
+                if len(first) == 10:
+                    break
+            # The checkpoint gets ahead of the client, then A dies without a word.
+            wait_until(lambda: state(store, run_id)["seq"] >= len(first) + 6, "A checkpoints")
+            a.freeze()
+            a.kill()
+            stream.close()
+    finally:
+        store.close()
+    response_id = first[0].response.id
+    with OpenAI(
+        base_url=b.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE
+    ) as client:
+        last = first[-1].sequence_number
+        rest = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
+    streamed = Streamed(events=first + rest)
+    check_contract(streamed)
+    assert streamed.text() == expected_answer(model).text
+    assert streamed.events[-1].type == "response.completed"
+    assert b.resumed("takeover") == 1
+    original, continuation = chaos.requests_for(model)
+    assistant = [item for item in continuation.body["input"] if item.get("role") == "assistant"]
+    assert len(assistant) == 1 and expected_answer(model).text.startswith(assistant[0]["content"])
+
+
+def test_another_credential_gets_a_404_on_another_replica(
+    replicas: Replicas, chaos: ChaosUpstream
+) -> None:
+    model = "chaos:text=10,seed=42"
+    a, b = replicas.start("A", "B")
+    with OpenAI(base_url=a.base_url, api_key=CREDENTIAL, max_retries=0) as client:
+        events = list(client.responses.create(model=model, input="x", stream=True))
+    response_id = events[0].response.id
+    with OpenAI(base_url=b.base_url, api_key="sk-other", max_retries=0) as client:
+        with pytest.raises(Exception) as raised:
+            list(client.responses.retrieve(response_id, stream=True, starting_after=3))
+    assert getattr(raised.value, "status_code", None) == 404
