@@ -25,7 +25,7 @@ from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk, Event
 from gateway.recovery.plan import Plan, Sent
 from gateway.recovery.seam import SeamRule
-from gateway.upstream.continuation import ContinuationRequest
+from gateway.upstream.continuation import ContinuationRequest, continuation_request
 
 
 class ClientStream(Protocol):
@@ -67,6 +67,7 @@ class Adapter(ABC):
     # Whether clients name a run by the answer's own id (``identity["id"]``), as
     # ``GET /v1/responses/{id}`` and ``previous_response_id`` do: the run keeps an alias.
     aliased: ClassVar[bool] = False
+    turns: ClassVar[str] = "messages"  # the request's conversation (a list of turns)
 
     @abstractmethod
     def parse_event(self, data: bytes) -> Event:
@@ -88,7 +89,10 @@ class Adapter(ABC):
         """The request a leg sends: always streaming (a non-streaming client's answer
         is assembled by the gateway, with the same recovery)."""
 
-    @abstractmethod
+    def for_continuation(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` as a continuation starts from (its ``turns`` a list)."""
+        return body
+
     def continuation(
         self,
         body: dict[str, Any],
@@ -99,6 +103,14 @@ class Adapter(ABC):
         anchored: bool,
     ) -> ContinuationRequest | None:
         """The request that continues ``prefix`` (None: the upstream cannot)."""
+        return continuation_request(
+            self.for_continuation(body),
+            capability,
+            prefix,
+            prompt,
+            anchored=anchored,
+            turns=self.turns,
+        )
 
     @abstractmethod
     def assemble(self, accumulator: RunAccumulator) -> dict[str, Any]:

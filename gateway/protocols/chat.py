@@ -7,13 +7,11 @@ from typing import Any
 
 import orjson
 
-from gateway.config import Continuation
 from gateway.errors import GatewayError, sse_error_event
 from gateway.protocols.base import Adapter
 from gateway.protocols.chat_splice import IDENTITY_FIELDS, Splicer
 from gateway.recovery.accumulator import REASONING_FIELDS, RunAccumulator, ToolCall
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
-from gateway.upstream.continuation import ContinuationRequest, continuation_request
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _ERROR = b'data: {"error"'
@@ -175,17 +173,6 @@ class ChatAdapter(Adapter):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         return body
-
-    def continuation(
-        self,
-        body: dict[str, Any],
-        capability: Continuation,
-        prefix: str,
-        prompt: str,
-        *,
-        anchored: bool,
-    ) -> ContinuationRequest | None:
-        return continuation_request(body, capability, prefix, prompt, anchored=anchored)
 
     def assemble(self, accumulator: RunAccumulator) -> dict[str, Any]:
         return to_completion(accumulator)

@@ -32,7 +32,7 @@ from gateway.recovery.accumulator import (
 from gateway.recovery.events import Chunk
 from gateway.recovery.jsonscan import JsonCompleteness
 from gateway.recovery.plan import Plan, Sent
-from gateway.recovery.seam import SeamRule, SeamTrimmer
+from gateway.recovery.seam import SeamRule, Seams, SeamTrimmer
 
 IDENTITY_FIELDS = ("id", "created", "model", "system_fingerprint")
 
@@ -65,8 +65,7 @@ class Splicer:
         self.leg = 0  # upstream responses started, minus one
         self.finished = False
         self.seam: SeamTrimmer | None = None
-        self._trimmed_earlier = 0  # by the seams of earlier legs
-        self._outcomes: list[str] = []  # what the seams of earlier legs cut
+        self._seams = Seams()
         self._held: dict[int, HeldCall] = {}
         self._ids: set[str] = set()
         self._dropped: list[str] = []  # in flight when a replica stopped (``restore``)
@@ -91,12 +90,11 @@ class Splicer:
     @property
     def trimmed(self) -> int:
         """Characters trimmed at every seam of the run so far."""
-        return self._trimmed_earlier + (self.seam.trimmed if self.seam is not None else 0)
+        return self._seams.trimmed
 
     def seam_outcomes(self) -> list[str]:
         """What each decided seam of the run cut ("echo", "restart", "none")."""
-        current = self.seam.outcome if self.seam is not None else None
-        return self._outcomes + ([current] if current is not None else [])
+        return self._seams.outcomes()
 
     def snapshot(self) -> Sent:
         in_flight = bool(self._held or self._dropped)
@@ -109,16 +107,10 @@ class Splicer:
         continues literally; so each of its deltas becomes one client event).
         """
         self.leg += 1
-        if self.seam is not None:
-            self._trimmed_earlier += self.seam.trimmed
-            if self.seam.outcome is not None:
-                self._outcomes.append(self.seam.outcome)
         self._held.clear()  # never sent: the new leg may emit those calls again, whole
         self._dropped = []
-        if seam is not None and plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
-            self.seam = SeamTrimmer(self.sent.text, seam)
-        else:
-            self.seam = None
+        continued = plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL)
+        self.seam = self._seams.next_leg(self.sent.text, seam if continued else None)
 
     # -- chunks ---------------------------------------------------------------------
 

@@ -28,18 +28,12 @@ from typing import Any
 
 import orjson
 
-from gateway.config import Continuation
 from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
 from gateway.recovery.accumulator import RunAccumulator, ToolCall
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
 from gateway.recovery.plan import Plan, Sent
-from gateway.recovery.seam import SeamRule, SeamTrimmer, anchor_tail
-from gateway.upstream.continuation import (
-    ANCHOR_INSTRUCTION,
-    LITERAL,
-    ContinuationRequest,
-)
+from gateway.recovery.seam import SeamRule, Seams, SeamTrimmer
 
 USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
 # Events that carry the whole response object: the first leg's are the client's.
@@ -154,9 +148,8 @@ class ResponsesSplicer:
         self.leg = 0
         self.finished = False
         self.seam: SeamTrimmer | None = None
+        self._seams = Seams()
         self._model = model
-        self._trimmed_earlier = 0
-        self._outcomes: list[str] = []
         # This leg's output_index -> the client's item (None: not sent, e.g. reasoning
         # again); a function call is absent until it is released.
         self._map: dict[int, Item | None] = {}
@@ -183,11 +176,10 @@ class ResponsesSplicer:
 
     @property
     def trimmed(self) -> int:
-        return self._trimmed_earlier + (self.seam.trimmed if self.seam is not None else 0)
+        return self._seams.trimmed
 
     def seam_outcomes(self) -> list[str]:
-        current = self.seam.outcome if self.seam is not None else None
-        return self._outcomes + ([current] if current is not None else [])
+        return self._seams.outcomes()
 
     def snapshot(self) -> Sent:
         in_flight = bool(self._held or self._dropped)
@@ -195,18 +187,12 @@ class ResponsesSplicer:
 
     def begin_leg(self, plan: Plan, seam: SeamRule | None = None) -> None:
         self.leg += 1
-        if self.seam is not None:
-            self._trimmed_earlier += self.seam.trimmed
-            if self.seam.outcome is not None:
-                self._outcomes.append(self.seam.outcome)
         self._held.clear()
         self._dropped = []
         self._map.clear()
         self._continued.clear()
-        if seam is not None and plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
-            self.seam = SeamTrimmer(self.sent.text, seam)
-        else:
-            self.seam = None
+        continued = plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL)
+        self.seam = self._seams.next_leg(self.sent.text, seam if continued else None)
 
     def end_leg(self) -> None:
         if self.seam is not None:
@@ -574,37 +560,12 @@ def input_items(body: dict[str, Any]) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
-def continuation_request(
-    body: dict[str, Any],
-    capability: Continuation,
-    prefix: str,
-    prompt: str,
-    *,
-    anchored: bool = True,
-) -> ContinuationRequest | None:
-    """The Responses request that continues ``prefix`` (as chat's, in ``input``)."""
-    items = input_items(body)
-    continued = body | {"input": items}
-    # The upstream's stored copy of a continuation is not the client's conversation.
+def for_continuation(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` ready to be continued: ``input`` as a list of items, and no
+    ``previous_response_id`` (the upstream's stored copy is not the client's conversation)."""
+    continued = body | {"input": input_items(body)}
     continued.pop("previous_response_id", None)
-    if capability == "prompt":
-        tail = anchor_tail(prefix) if anchored else None
-        if tail is not None:
-            prompt += ANCHOR_INSTRUCTION.format(tail=tail)
-        items += [
-            {"role": "assistant", "content": prefix},
-            {"role": "user", "content": prompt},
-        ]
-        return ContinuationRequest(continued, SeamRule(tail, restart=True))
-    if capability == "vllm":
-        items.append({"role": "assistant", "content": prefix})
-        continued |= {"continue_final_message": True, "add_generation_prompt": False}
-        return ContinuationRequest(continued, LITERAL)
-    if capability in ("prefix", "prefix_echo"):
-        items.append({"role": "assistant", "content": prefix, "prefix": True})
-        echo = SeamRule(prefix, restart=False) if capability == "prefix_echo" else LITERAL
-        return ContinuationRequest(continued, echo)
-    return None
+    return continued
 
 
 # -- replay and the assembled answer ----------------------------------------------------
@@ -631,6 +592,7 @@ def replay(events: list[bytes]) -> ResponsesAccumulator:
 class ResponsesAdapter(Adapter):
     name = "responses"
     path = "/responses"
+    turns = "input"
     aliased = True
 
     def parse_event(self, data: bytes) -> Event:
@@ -650,16 +612,8 @@ class ResponsesAdapter(Adapter):
     def upstream_body(self, body: dict[str, Any], model: str) -> dict[str, Any]:
         return body | {"model": model, "stream": True}
 
-    def continuation(
-        self,
-        body: dict[str, Any],
-        capability: Continuation,
-        prefix: str,
-        prompt: str,
-        *,
-        anchored: bool,
-    ) -> ContinuationRequest | None:
-        return continuation_request(body, capability, prefix, prompt, anchored=anchored)
+    def for_continuation(self, body: dict[str, Any]) -> dict[str, Any]:
+        return for_continuation(body)
 
     def assemble(self, accumulator: RunAccumulator) -> dict[str, Any]:
         assert isinstance(accumulator, ResponsesAccumulator)

@@ -107,3 +107,32 @@ class SeamTrimmer:
         self.done = True
         self._pending = ""
         return pending[self.trimmed :]
+
+
+class Seams:
+    """The seams of one run, leg after leg: the current one's trimmer, and what the
+    earlier ones cut (for metrics). Shared by every protocol's splicer."""
+
+    def __init__(self) -> None:
+        self.current: SeamTrimmer | None = None
+        self._trimmed_earlier = 0
+        self._outcomes: list[str] = []
+
+    def next_leg(self, sent: str, rule: SeamRule | None) -> SeamTrimmer | None:
+        """A new leg: ``rule`` says what it repeats first of ``sent`` (None: nothing)."""
+        if self.current is not None:
+            self._trimmed_earlier += self.current.trimmed
+            if self.current.outcome is not None:
+                self._outcomes.append(self.current.outcome)
+        self.current = SeamTrimmer(sent, rule) if rule is not None else None
+        return self.current
+
+    @property
+    def trimmed(self) -> int:
+        """Characters trimmed at every seam of the run so far."""
+        return self._trimmed_earlier + (self.current.trimmed if self.current is not None else 0)
+
+    def outcomes(self) -> list[str]:
+        """What each decided seam of the run cut ("echo", "restart", "none")."""
+        current = self.current.outcome if self.current is not None else None
+        return self._outcomes + ([current] if current is not None else [])

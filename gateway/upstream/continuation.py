@@ -36,13 +36,15 @@ def continuation_request(
     prompt: str,
     *,
     anchored: bool = True,
+    turns: str = "messages",
 ) -> ContinuationRequest | None:
     """The request that continues ``prefix``, or None when the upstream cannot.
 
     ``anchored``: in ``prompt`` mode, ask the model to begin with the prefix's last
     words, and cut exactly those; without it only a restart is recognised.
+    ``turns``: the body's list of turns (chat's ``messages``, the Responses ``input``).
     """
-    messages = list(body.get("messages") or [])
+    messages = list(body.get(turns) or [])
     if capability == "prompt":
         # Works everywhere, including legs that reject a trailing assistant prefill.
         tail = anchor_tail(prefix) if anchored else None
@@ -52,11 +54,11 @@ def continuation_request(
             {"role": "assistant", "content": prefix},
             {"role": "user", "content": prompt},
         ]
-        return ContinuationRequest(body | {"messages": messages}, SeamRule(tail, restart=True))
+        return ContinuationRequest(body | {turns: messages}, SeamRule(tail, restart=True))
     if capability == "vllm":  # vLLM and SGLang
         messages.append({"role": "assistant", "content": prefix})
         continued = body | {
-            "messages": messages,
+            turns: messages,
             "continue_final_message": True,
             "add_generation_prompt": False,
         }
@@ -64,5 +66,5 @@ def continuation_request(
     if capability in ("prefix", "prefix_echo"):  # DeepSeek (beta); Mistral echoes the prefix
         messages.append({"role": "assistant", "content": prefix, "prefix": True})
         echo = SeamRule(prefix, restart=False) if capability == "prefix_echo" else LITERAL
-        return ContinuationRequest(body | {"messages": messages}, echo)
+        return ContinuationRequest(body | {turns: messages}, echo)
     return None

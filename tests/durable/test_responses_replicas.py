@@ -70,9 +70,7 @@ def test_retrieve_on_another_replica_after_the_owner_is_killed_takes_the_run_ove
     finally:
         store.close()
     response_id = first[0].response.id
-    with OpenAI(
-        base_url=b.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE
-    ) as client:
+    with OpenAI(base_url=b.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE) as client:
         last = first[-1].sequence_number
         rest = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
     streamed = Streamed(events=first + rest)
@@ -91,7 +89,7 @@ def test_another_credential_gets_a_404_on_another_replica(
     model = "chaos:text=10,seed=42"
     a, b = replicas.start("A", "B")
     with OpenAI(base_url=a.base_url, api_key=CREDENTIAL, max_retries=0) as client:
-        events = list(client.responses.create(model=model, input="x", stream=True))
+        events: list[Any] = list(client.responses.create(model=model, input="x", stream=True))
     response_id = events[0].response.id
     with OpenAI(base_url=b.base_url, api_key="sk-other", max_retries=0) as client:
         with pytest.raises(Exception) as raised:
