@@ -314,3 +314,20 @@ def test_previous_response_id_of_an_unbroken_answer_is_passed_through(
     sdk.responses.create(model=second_model, input="q2", previous_response_id=first.id)
     sent = chaos.requests_for(second_model)[-1].body
     assert sent["previous_response_id"] == first.id and sent["input"] == "q2"
+
+
+@pytest.mark.parametrize("mode", ["vllm", "prefix"])
+def test_a_refused_prefill_continues_in_prompt_mode_and_never_masks_the_failure(
+    chaos: ChaosUpstream, mode: str
+) -> None:
+    seed = 35 if mode == "vllm" else 36  # times=1 counts per spec string
+    model = f"chaos:text=30,seed={seed},prefill=0,fault=reset,at=10,times=1"
+    with running_gateway(config(chaos, upstream={"continuation": mode})) as gateway:
+        with OpenAI(base_url=gateway.base_url, api_key="k", max_retries=0) as client:
+            with client.responses.stream(model=model, input="x") as events:
+                streamed = Streamed(events=list(events))
+    check_contract(streamed)
+    assert streamed.text() == expected_answer(model).text
+    original, refused, accepted = chaos.requests_for(model)
+    assert refused.body["input"][-1]["role"] == "assistant"  # the prefill, refused with a 400
+    assert accepted.body["input"][-1]["role"] == "user"  # then prompt mode, on the same leg

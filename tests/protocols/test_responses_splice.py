@@ -1,0 +1,284 @@
+"""The Responses splicer, pure: scripted upstream events in, client events out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.errors import UpstreamFailure
+from gateway.protocols.responses import (
+    RESPONSES,
+    ResponsesAccumulator,
+    ResponsesSplicer,
+    frame,
+)
+from gateway.recovery.events import Chunk, InBandError
+from gateway.recovery.plan import Plan
+from gateway.recovery.seam import SeamRule
+
+
+class Leg:
+    """One upstream response's events, numbered as the upstream numbers them."""
+
+    def __init__(self, response_id: str) -> None:
+        self.id = response_id
+        self.seq = 0
+
+    def event(self, kind: str, **fields: Any) -> Chunk:
+        obj = {"type": kind, "sequence_number": self.seq} | fields
+        self.seq += 1
+        return Chunk(orjson.dumps(obj), obj)
+
+    def created(self) -> list[Chunk]:
+        response = {"id": self.id, "object": "response", "created_at": 1, "model": "m",
+                    "status": "in_progress", "output": []}  # fmt: skip
+        return [
+            self.event("response.created", response=response),
+            self.event("response.in_progress", response=response),
+        ]
+
+    def message(self, index: int, item_id: str, *deltas: str) -> list[Chunk]:
+        item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant",
+                "content": []}  # fmt: skip
+        at = {"item_id": item_id, "output_index": index, "content_index": 0}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return [
+            self.event("response.output_item.added", output_index=index, item=item),
+            self.event("response.content_part.added", part=part, **at),
+            *(self.event("response.output_text.delta", delta=d, logprobs=[], **at) for d in deltas),
+        ]
+
+    def message_done(self, index: int, item_id: str, text: str) -> list[Chunk]:
+        at = {"item_id": item_id, "output_index": index, "content_index": 0}
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {"id": item_id, "type": "message", "status": "completed", "role": "assistant",
+                "content": [part]}  # fmt: skip
+        return [
+            self.event("response.output_text.done", text=text, logprobs=[], **at),
+            self.event("response.content_part.done", part=part, **at),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def call(self, index: int, call_id: str, *fragments: str, done: bool = True) -> list[Chunk]:
+        item_id = f"fc_{call_id}"
+        item = {"id": item_id, "type": "function_call", "status": "in_progress",
+                "call_id": call_id, "name": "lookup", "arguments": ""}  # fmt: skip
+        at = {"item_id": item_id, "output_index": index}
+        events = [self.event("response.output_item.added", output_index=index, item=item)]
+        events += [
+            self.event("response.function_call_arguments.delta", delta=f, **at) for f in fragments
+        ]
+        if done:
+            arguments = "".join(fragments)
+            events.append(
+                self.event("response.function_call_arguments.done", arguments=arguments, **at)
+            )
+            whole = item | {"status": "completed", "arguments": arguments}
+            events.append(self.event("response.output_item.done", output_index=index, item=whole))
+        return events
+
+    def reasoning(self, index: int, *deltas: str) -> list[Chunk]:
+        item = {"id": f"rs_{self.id}", "type": "reasoning", "summary": []}
+        at = {"item_id": item["id"], "output_index": index, "summary_index": 0}
+        return [
+            self.event("response.output_item.added", output_index=index, item=item),
+            *(self.event("response.reasoning_summary_text.delta", delta=d, **at) for d in deltas),
+        ]
+
+    def completed(self, output_tokens: int) -> Chunk:
+        usage = {
+            "input_tokens": 10,
+            "output_tokens": output_tokens,
+            "total_tokens": 10 + output_tokens,
+        }
+        response = {"id": self.id, "status": "completed", "output": [], "usage": usage}
+        return self.event("response.completed", response=response)
+
+
+def feed(splicer: ResponsesSplicer, chunks: list[Chunk]) -> bytes:
+    return b"".join(out for chunk in chunks if (out := splicer.feed(chunk)) is not None)
+
+
+def events(raw: bytes) -> list[dict[str, Any]]:
+    parsed = []
+    for event in raw.split(b"\n\n"):
+        if event:
+            head, _, data = event.partition(b"\ndata: ")
+            obj = orjson.loads(data)
+            assert head == b"event: " + obj["type"].encode()
+            parsed.append(obj)
+    return parsed
+
+
+def new() -> ResponsesSplicer:
+    return ResponsesSplicer(ResponsesAccumulator(), model="m")
+
+
+def test_the_first_leg_goes_out_as_received() -> None:
+    splicer, leg = new(), Leg("resp_a")
+    chunks = leg.created() + leg.message(0, "msg_a", "Hello", " world")
+    out = [splicer.feed(chunk) for chunk in chunks]
+    for chunk, sent in zip(chunks, out, strict=True):
+        if chunk.obj["type"] != "response.in_progress":  # rebuilt: the identity is the first's
+            assert sent == frame(chunk.obj["type"], chunk.data)  # the bytes received
+    assert [e["sequence_number"] for e in events(b"".join(o or b"" for o in out))] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+
+
+def test_a_continuation_goes_on_in_the_clients_message() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    out = feed(splicer, first.created() + first.message(0, "msg_a", "Hello", " wor"))
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, None)
+    out += feed(
+        splicer,
+        second.created()
+        + second.message(0, "msg_b", "ld", "!")
+        + second.message_done(0, "msg_b", "ld!")
+        + [second.completed(3)],
+    )
+    sent = events(out)
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+    kinds = [e["type"] for e in sent]
+    assert kinds.count("response.created") == 1 and kinds.count("response.output_item.added") == 1
+    deltas = [e for e in sent if e["type"] == "response.output_text.delta"]
+    assert "".join(d["delta"] for d in deltas) == "Hello world!"
+    assert {(d["item_id"], d["output_index"]) for d in deltas} == {("msg_a", 0)}
+    done = next(e for e in sent if e["type"] == "response.output_text.done")
+    assert done["text"] == "Hello world!" and done["item_id"] == "msg_a"
+    final = sent[-1]["response"]
+    assert final["id"] == "resp_a" and final["status"] == "completed"
+    assert final["output"][0]["content"][0]["text"] == "Hello world!"
+    assert final["usage"]["output_tokens"] == 3  # the broken leg reported none
+
+
+def test_the_seam_trims_what_the_continuation_was_asked_to_repeat() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    feed(splicer, first.created() + first.message(0, "msg_a", "one two three"))
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, SeamRule("three", restart=True))
+    out = feed(splicer, second.created() + second.message(0, "msg_b", "thr", "ee", " four"))
+    deltas = [e["delta"] for e in events(out) if e["type"] == "response.output_text.delta"]
+    assert "".join(deltas) == " four" and splicer.trimmed == len("three")
+
+
+def test_usage_is_summed_over_legs_that_reported_it() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    feed(splicer, first.created() + first.message(0, "msg_a", "x"))
+    splicer.sent.set_usage(0, {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14})
+    splicer.begin_leg(Plan.CONTINUE_TEXT, None)
+    out = feed(splicer, second.message(0, "msg_b", "y") + [second.completed(2)])
+    usage = events(out)[-1]["response"]["usage"]
+    assert usage == {"input_tokens": 20, "output_tokens": 6, "total_tokens": 26}
+
+
+def test_a_later_legs_reasoning_is_not_sent_again_and_items_stay_contiguous() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    out = feed(splicer, first.created() + first.reasoning(0, "think"))
+    splicer.end_leg()
+    splicer.begin_leg(Plan.WHOLE_RESTART, None)
+    out += feed(
+        splicer,
+        second.created()
+        + second.reasoning(0, "think again")
+        + second.message(1, "msg_b", "answer")
+        + [second.completed(2)],
+    )
+    sent = events(out)
+    added = [e for e in sent if e["type"] == "response.output_item.added"]
+    assert [(e["output_index"], e["item"]["type"]) for e in added] == [
+        (0, "reasoning"),
+        (1, "message"),
+    ]
+    assert splicer.sent.reasoning == "think"
+    final = sent[-1]["response"]["output"]
+    assert final[0]["summary"] == [{"type": "summary_text", "text": "think"}]  # closed as sent
+    assert final[1]["content"][0]["text"] == "answer"
+
+
+def test_a_function_call_is_held_until_done_and_a_cut_one_never_shown() -> None:
+    splicer, leg = new(), Leg("resp_a")
+    out = feed(splicer, leg.created() + leg.call(0, "call_1", '{"q":', " 1}"))
+    kinds = [e["type"] for e in events(out)]
+    assert kinds[2:] == [  # released whole, together, once the upstream said it was done
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    assert [c.arguments for c in splicer.sent.tool_calls] == ['{"q": 1}']
+    before = len(events(out))
+    cut = feed(splicer, leg.call(1, "call_2", '{"q":', done=False))
+    assert cut == b"" and splicer.in_flight() == ["lookup"]
+    assert splicer.held_calls() == [("lookup", '{"q":')]
+    assert splicer.snapshot().completed_tool_calls == 1 and splicer.snapshot().in_flight_tool_call
+    out += splicer.synthesize_tool_use()
+    sent = events(out)
+    assert len(sent) > before and sent[-1]["type"] == "response.completed"
+    output = sent[-1]["response"]["output"]
+    assert [(i["type"], i["call_id"]) for i in output] == [("function_call", "call_1")]
+
+
+def test_a_later_leg_reusing_an_id_gets_its_own() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_a_again")
+    feed(splicer, first.created() + first.call(0, "call_1", "{}"))
+    splicer.begin_leg(Plan.SYNTHESIZE_TOOL_USE, None)
+    out = feed(splicer, second.call(0, "call_1", "{}"))
+    added = [e for e in events(out) if e["type"] == "response.output_item.added"]
+    assert added[0]["output_index"] == 1
+    assert added[0]["item"]["id"] != "fc_call_1" and added[0]["item"]["call_id"] != "call_1"
+
+
+def test_failure_is_an_error_then_response_failed_in_sequence() -> None:
+    splicer, leg = new(), Leg("resp_a")
+    out = feed(splicer, leg.created() + leg.message(0, "msg_a", "partial"))
+    out += splicer.fail(UpstreamFailure("Upstream 'x' reset the connection."))
+    sent = events(out)
+    assert [e["type"] for e in sent[-2:]] == ["error", "response.failed"]
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+    failed = sent[-1]["response"]
+    assert failed["id"] == "resp_a" and failed["status"] == "failed"
+    assert failed["error"]["message"] == "Upstream 'x' reset the connection."
+    assert failed["output"][0]["content"][0]["text"] == "partial"
+
+
+def test_replay_rebuilds_the_clients_view() -> None:
+    splicer, leg = new(), Leg("resp_a")
+    out = feed(
+        splicer,
+        leg.created() + leg.reasoning(0, "hm") + leg.message(1, "msg_a", "héllo ", "👩‍💻")
+        + leg.call(2, "call_1", '{"a": 1}'),
+    )  # fmt: skip
+    log = [e + b"\n\n" for e in out.split(b"\n\n") if e]
+    rebuilt = RESPONSES.replay(log)
+    assert rebuilt.text == "héllo 👩‍💻" and rebuilt.reasoning == "hm"
+    assert rebuilt.seq == len(log) and [i.id for i in rebuilt.items] == [
+        "rs_resp_a",
+        "msg_a",
+        "fc_call_1",
+    ]
+    assert [c.id for c in rebuilt.tool_calls] == ["call_1"]
+    assert (
+        rebuilt.open_message() is not None
+    )  # the message was never done: a continuation goes on in it
+
+
+def test_decoding_in_band_failures() -> None:
+    assert isinstance(
+        RESPONSES.parse_event(b'{"type":"error","code":"server_error","message":"x"}'), InBandError
+    )
+    failed = (
+        b'{"type":"response.failed","response":{"error":{"code":"server_error","message":"y"}}}'
+    )
+    event = RESPONSES.parse_event(failed)
+    assert isinstance(event, InBandError) and event.message == "y"
+    assert RESPONSES.is_terminal(b"event: response.completed\ndata: {}\n\n")
+    assert not RESPONSES.succeeded(b"event: response.failed\ndata: {}\n\n")
