@@ -213,6 +213,11 @@ class State(_Model):
     store: Literal["auto", "memory", "redis", "off"] = "auto"
     pool_size: int = Field(default=64, gt=0)  # Redis connections per process
     checkpoint_every: int = Field(default=4, ge=1)  # content deltas between checkpoints
+    # With Redis: sync releases each event to its clients only once the checkpoint
+    # holding it is acknowledged (group commit: no client is ever ahead of the store, so
+    # a crash resume is exact whatever the next leg says); async releases events at once
+    # and checkpoints every checkpoint_every deltas (a crash window of a few events).
+    durability: Literal["sync", "async"] = "sync"
     ttl: float = Field(default=3600.0, gt=0)  # seconds a run's checkpoint lives
     completed_ttl: float = Field(default=60.0, ge=0)  # kept for late resumers; 0 deletes
     detach_grace: float = Field(default=30.0, ge=0)  # a run without a client goes on this long

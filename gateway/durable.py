@@ -71,11 +71,22 @@ class RunLog:
     goes on as if detached, and the follower still gets it all if it reads again.
     """
 
-    def __init__(self, ends: Callable[[bytes], bool], events: list[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        ends: Callable[[bytes], bool],
+        events: list[bytes] | None = None,
+        *,
+        gated: bool = False,
+    ) -> None:
         self.ends = ends  # whether an event ends the answer (the protocol's adapter says)
         self.events: list[bytes] = events if events is not None else []
         self.size = sum(map(len, self.events))  # bytes of all events
+        # Followers read events[:visible]. Gated (durability: sync), an event becomes
+        # visible once the checkpoint holding it is acknowledged (``release``).
+        self.gated = gated
+        self.visible = len(self.events)
         self.closed = False
+        self.abandoned = False  # closed with events that will never be released
         self._waiters: list[asyncio.Future[bool]] = []
         self._readers: set[_Reader] = set()
         self._floor = 0  # what every waited-for reader has consumed, at least
@@ -88,6 +99,20 @@ class RunLog:
         else:
             self.events.extend(split_events(data))
         self.size += len(data)
+        if not self.gated:
+            self.visible = len(self.events)
+            self._wake()
+
+    def release(self, count: int) -> None:
+        """The first ``count`` events are checkpointed: followers may read them."""
+        count = min(count, len(self.events))
+        if count > self.visible:
+            self.visible = count
+            self._wake()
+
+    def abandon(self) -> None:
+        """What is not visible yet never will be (the run moved to another replica)."""
+        self.abandoned = True
         self._wake()
 
     def lagging(self, limit: int) -> bool:
@@ -150,9 +175,9 @@ class RunLog:
         self._readers.add(reader)
         try:
             while True:
-                events = self.events
-                if seq < after and seq < len(events):
-                    last = min(after, len(events))
+                events, visible = self.events, self.visible
+                if seq < after and seq < visible:
+                    last = min(after, visible)
                     skipped = events[seq:last]
                     ends = self.ends
                     ending = [(n, e) for n, e in enumerate(skipped, seq + 1) if ends(e)]
@@ -160,8 +185,8 @@ class RunLog:
                         yield render(ending, ids=ids)
                     self._progress(reader, sum(map(len, skipped)))
                     seq = last
-                elif seq < len(events):
-                    batch = events[seq:]
+                elif seq < visible:
+                    batch = events[seq:visible]
                     if ids or len(batch) > 1:
                         yield render(enumerate(batch, seq + 1), ids=ids)
                         self._progress(reader, sum(map(len, batch)))
@@ -169,7 +194,7 @@ class RunLog:
                         yield batch[0]  # the live case: one event, no copy
                         self._progress(reader, len(batch[0]))
                     seq += len(batch)
-                elif self.closed:
+                elif self.closed and (visible == len(events) or self.abandoned):
                     return
                 else:
                     waiter = loop.create_future()
@@ -233,6 +258,8 @@ class LocalRun:
 
     async def _produce(self, resume: Cause | None) -> None:
         log, every = self.log, self._runs.config.checkpoint_every
+        writer = self._runs.writer
+        gated = log.gated and writer is not None
         if self._runs.shared:
             # The first checkpoint (the record) goes with the first event: written
             # before it, it would compete with it for the loop (TTFT), and a client
@@ -254,6 +281,15 @@ class LocalRun:
                 if alias and accumulator.identity is not None:
                     alias = False
                     self._runs.alias(accumulator.identity.get("id"), self)
+                if gated:
+                    # Group commit: the writer's next batch carries this event, and its
+                    # acknowledgement releases it (``flushed``). With the store down,
+                    # events go out at once, unprotected (counted).
+                    assert writer is not None
+                    if writer.healthy and not self.lost:
+                        writer.mark(self)
+                    else:
+                        self._release_unprotected()
                 if log.lagging(lag_limit):
                     # A follower is not reading: stop reading the upstream meanwhile.
                     await log.make_room(lag_limit, self._runs.config.detach_grace)
@@ -336,6 +372,7 @@ class LocalRun:
         checkpoint is the new owner's; its clients get an error event that says how to
         resume, which finds the new owner."""
         self.lost = True
+        self.log.abandon()  # the new owner serves what this one never released
         if not self.task.done():
             asyncio.get_running_loop().call_soon(self.task.cancel)  # as in stop()
 
@@ -399,8 +436,20 @@ class LocalRun:
             epoch=self.epoch,
         )
 
+    def _release_unprotected(self) -> None:
+        log = self.log
+        count = len(log.events) - log.visible
+        if count > 0:
+            self._runs.metrics.unprotected_events.inc(count)
+            log.release(len(log.events))
+
+    def unflushed(self) -> None:
+        """A write of this run failed: what its clients wait for goes out unprotected."""
+        self._release_unprotected()
+
     def flushed(self, flush: Flush, watched: bool) -> None:
         self._flushed_seq = flush.last_seq
+        self.log.release(flush.last_seq)  # durability sync: its clients may have them now
         self._record_written = True
         self._watched = watched
         self.last_write = asyncio.get_running_loop().time()

@@ -158,6 +158,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.unprotected_events = Counter(
+            "gateway_unprotected_events_total",
+            "Events released to clients before their checkpoint was acknowledged, because "
+            "the store failed (durability: sync).",
+            registry=r,
+        )
         self.checkpoint_write_seconds = Histogram(
             "gateway_checkpoint_write_seconds",
             "Latency of one batched checkpoint write (all due runs in one round trip).",

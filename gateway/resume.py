@@ -124,10 +124,11 @@ class Runs:
         epoch: int = 0,
     ) -> LocalRun:
         """Relay ``run`` in its own task, so that it outlives its client connection."""
+        gated = self.shared and self.config.durability == "sync"
         local = LocalRun(
             self,
             run,
-            log or RunLog(run.adapter.ends),
+            log or RunLog(run.adapter.ends, gated=gated),
             credential=credential,
             created=created,
             resume=resume,
@@ -382,7 +383,7 @@ class Runs:
         local = self.adopt(
             run,
             credential,
-            RunLog(adapter.ends, checkpoint.events),
+            RunLog(adapter.ends, checkpoint.events, gated=self.config.durability == "sync"),
             created=record.created,
             resume=cause,
             epoch=epoch,

@@ -36,12 +36,18 @@ state:
   checkpoint_every: 4
   lease_ttl: 1
   detach_grace: 30
+  durability: {durability}
 """
 
 
-def replica_config(path: Path, chaos_url: str, redis_url: str, *, idle: float = 2) -> Path:
+def replica_config(
+    path: Path, chaos_url: str, redis_url: str, *, idle: float = 2, durability: str = "sync"
+) -> Path:
     """Write ``REPLICA_CONFIG`` for this chaos upstream and Redis to ``path``."""
-    path.write_text(REPLICA_CONFIG.format(chaos=chaos_url, redis=redis_url, idle=idle))
+    config = REPLICA_CONFIG.format(
+        chaos=chaos_url, redis=redis_url, idle=idle, durability=durability
+    )
+    path.write_text(config)
     return path
 
 

@@ -42,6 +42,9 @@ class Checkpointed(Protocol):
 
     def flushed(self, flush: Flush, watched: bool) -> None: ...
 
+    def unflushed(self) -> None:
+        """A write of the run failed (the store is down): it goes on unprotected."""
+
     def fenced(self) -> None:
         """Another replica took the run over: stop relaying it, write nothing more."""
 
@@ -146,6 +149,7 @@ class CheckpointWriter:
             self._metrics.checkpoint_writes.labels("error").inc(len(batch))
             for run in batch:
                 self._due.setdefault(run.id, run)
+                run.unflushed()
             if self.healthy:
                 self.healthy = False
                 logger.warning(

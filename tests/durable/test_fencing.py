@@ -206,6 +206,9 @@ class Run:
         self.written += 1
         self.last_write = asyncio.get_running_loop().time()
 
+    def unflushed(self) -> None:
+        pass
+
     def fenced(self) -> None:
         self.lost += 1
 

@@ -57,9 +57,24 @@ def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
+    """Replicas with the default durability, sync: no client is ever ahead of the store."""
     config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
     chaos.requests.clear()
     with Replicas(config, tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+def async_replicas(
+    chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Replicas]:
+    """Replicas with durability: async, whose clients can be ahead of the checkpoint."""
+    folder = tmp_path / "async"
+    folder.mkdir()
+    path = folder / "gateway.yaml"
+    config = replica_config(path, chaos.base_url, redis_server.url, durability="async")
+    chaos.requests.clear()
+    with Replicas(config, folder) as running:
         yield running
 
 
@@ -203,14 +218,43 @@ def kill_ahead(
     raise AssertionError("the client was never ahead of A's checkpoint")
 
 
+def test_with_sync_durability_no_client_is_ever_ahead_of_the_store(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+) -> None:
+    model = "chaos:text=60,seed=69,pace_ms=10"
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with sdk(a) as client_a:
+        run_id, stream = start(client_a, model, received, 1)
+        for chunk in stream:
+            received.feed(chunk)
+            # Read after the chunk arrived: the checkpoint holding it was acknowledged first.
+            assert state(store, run_id)["seq"] >= received.chunks
+            if received.chunks == 30:
+                a.freeze()
+                a.kill()
+                break
+        drain(stream, received)
+    with sdk(b) as client_b:
+        resume(client_b, model, run_id, received)
+    assert_whole_text_answer(received, model)
+    assert b.resumed("takeover") == 1
+
+
 @pytest.mark.parametrize("client", ["behind_checkpoint", "ahead_of_checkpoint"])
 def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
-    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis, client: str
+    replicas: Replicas,
+    async_replicas: Replicas,
+    chaos: ChaosUpstream,
+    store: redis.Redis,
+    client: str,
 ) -> None:
     # Seed 68: no checkpoint this test can produce ends right before a seam the trimmer
-    # holds; the test below covers that case on purpose.
+    # holds; the test below covers that case on purpose. A client can only be ahead of
+    # the checkpoint with durability: async.
     model = "chaos:text=80,seed=68,pace_ms=25"
-    a, b = replicas.start("A", "B")
+    chosen = replicas if client == "behind_checkpoint" else async_replicas
+    a, b = chosen.start("A", "B")
     received = Received()
     with sdk(a) as client_a:
         run_id, stream = start(client_a, model, received, 8)
@@ -236,12 +280,12 @@ def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
 
 
 def test_takeover_while_the_client_is_ahead_of_a_held_seam_loses_nothing(
-    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+    async_replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
 ) -> None:
     model = "chaos:text=40,seed=30,pace_ms=25"
     # Its 5th text delta, " señor", also ends its 2nd: a continuation after 4 deltas
     # starts with text the trimmer holds, then releases with the 6th delta, merged.
-    a, b = replicas.start("A", "B")
+    a, b = async_replicas.start("A", "B")
     received = Received()
     with sdk(a) as client_a:
         run_id, stream = start(client_a, model, received, 6)
