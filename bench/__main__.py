@@ -17,7 +17,10 @@ harness (client, upstreams, redis-server) is pinned to CPU 0 and each proxy to
 CPU 1, so a proxy has a core to itself and the harness's load is the same for
 every target. Workloads (``bench.workloads``): one stream's TTFT; N concurrent
 streams of 64 deltas 20 ms apart; non-streaming requests at concurrency 64;
-seam latency; CPU and RSS of the proxy. Results go to ``bench/results/``
+seam latency; CPU and RSS of the proxy. The Responses API (``POST /v1/responses``)
+gets its own row, against direct and the gateway three ways: one stream's TTFT,
+chat and Responses rounds of 128 streams side by side (the gateway's CPU per
+relayed delta, Responses over chat), and seam latency. Results go to ``bench/results/``
 (``results.json``, ``results.md``, ``chart.png``); ``--publish`` also puts the
 tables into BENCHMARKS.md.
 """
@@ -124,6 +127,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "nonstream_each": 2 if quick else 40,
         "nonstream_rounds": 1 if quick else 3,
         "recoveries": args.recoveries or (3 if quick else 200),
+        # The Responses row: chat and Responses rounds side by side at one N.
+        "responses_streams": 8 if quick else 128,
+        "responses_rounds": 1 if quick else 5,
     }
 
 
@@ -142,6 +148,7 @@ async def measure(
     )
     gateways = [t for t in targets if t.name in GATEWAYS]
     out["seam"] = await workloads.seam(gateways, chaos, p["recoveries"])
+    out["responses"] = await responses(targets, chaos, roles, p, out)
     top = str(max(p["levels"]))
     out["resources"] = {}
     for name, kb in idle.items():
@@ -159,6 +166,45 @@ async def measure(
     }
     for connection in [c for t in [*targets, chaos] for c in t.pool]:
         await connection.close()
+    return out
+
+
+async def responses(
+    targets: list[Target], chaos: Target, roles: Roles, p: dict[str, Any], done: dict[str, Any]
+) -> dict[str, Any]:
+    """The Responses API row: direct and the gateways (LiteLLM is left out), next to chat.
+
+    ``done`` holds the chat workloads' results (``ttft``, ``seam``), for the summary.
+    """
+    ours = [t for t in targets if t.name == "direct" or t.name in GATEWAYS]
+    gateways = [t for t in ours if t.name in GATEWAYS]
+    chat, rsp, n = workloads.CHAT, workloads.RESPONSES, p["responses_streams"]
+    out: dict[str, Any] = {"streams": n}
+    out["ttft"] = await workloads.ttft(ours, p["ttft_requests"], p["ttft_block"], rsp)
+    out["concurrency"] = await workloads.protocols(
+        ours, n, p["responses_rounds"], p["warmup"], roles
+    )
+    out["seam"] = await workloads.seam(gateways, chaos, p["recoveries"], rsp)
+    out["summary"] = {}
+    for t in gateways:
+        # CPU s per 1000 deltas is CPU ms per delta.
+        mine = out["concurrency"][rsp][t.name]["cpu_s_per_1000_chunks"]
+        theirs = out["concurrency"][chat][t.name]["cpu_s_per_1000_chunks"]
+        seam = out["seam"][t.name]
+        out["summary"][t.name] = {
+            "streams": n,
+            "chat_cpu_ms_per_delta": theirs,
+            "responses_cpu_ms_per_delta": mine,
+            "cpu_ratio": mine / theirs if mine is not None and theirs else None,
+            "chat_frames_vs_direct": out["concurrency"][chat][t.name]["vs_direct"],
+            "responses_frames_vs_direct": out["concurrency"][rsp][t.name]["vs_direct"],
+            "chat_ttft_added_p50": done["ttft"].get(t.name, {}).get("added_p50"),
+            "ttft_added_p50": out["ttft"][t.name]["added_p50"],
+            "ttft_added_p99": out["ttft"][t.name]["added_p99"],
+            "chat_seam_excess_p50": done["seam"].get(t.name, {}).get("excess_p50"),
+            "seam_excess_p50": seam["excess_p50"],
+            "seam_excess_p99": seam["excess_p99"],
+        }
     return out
 
 
@@ -204,17 +250,37 @@ def targets_met(results: dict[str, Any]) -> list[dict[str, Any]]:
     for q in ("p50", "p99"):
         excess = results["seam"].get(ours, {}).get(f"excess_{q}")
         check(f"Seam {q} minus new leg's TTFT {q}", "≤ 5 ms", excess, 5.0, " ms")
+    row = results.get("responses", {}).get("summary", {}).get(ours, {})
+    n = results.get("responses", {}).get("streams")
+    check(
+        f"Responses CPU per delta vs chat's, {n} streams",
+        "≤ 1.25×",
+        row.get("cpu_ratio"),
+        1.25,
+        "×",
+    )
+    check("Responses added TTFT p50, one stream", "≤ 1 ms", row.get("ttft_added_p50"), 1.0, " ms")
+    for q in ("p50", "p99"):
+        excess = row.get(f"seam_excess_{q}")
+        check(f"Responses seam {q} minus new leg's TTFT {q}", "≤ 5 ms", excess, 5.0, " ms")
     return rows
 
 
 def headroom_notes(results: dict[str, Any]) -> list[str]:
     """How busy the harness was: a saturated client or upstream would cap every target."""
     notes, worst = [], (0.0, "", "")
-    for name, rows in results["concurrency"].items():
-        for n, row in rows.items():
-            pct = row["cpu_pct"]
-            harness = pct.get("upstream", 0) + pct.get("client", 0) + pct.get("redis", 0)
-            worst = max(worst, (harness, name, n))
+    rounds = [
+        (name, n, row) for name, rows in results["concurrency"].items() for n, row in rows.items()
+    ]
+    paired = results.get("responses", {})
+    for protocol, rows in paired.get("concurrency", {}).items():
+        rounds += [
+            (f"{name} ({protocol})", str(paired["streams"]), row) for name, row in rows.items()
+        ]
+    for name, n, row in rounds:
+        pct = row["cpu_pct"]
+        harness = pct.get("upstream", 0) + pct.get("client", 0) + pct.get("redis", 0)
+        worst = max(worst, (harness, name, n))
     notes.append(
         f"Harness headroom: the client, upstream and redis-server together used at most "
         f"{worst[0]:.0f}% of their core (target {worst[1]}, {worst[2]} streams)."

@@ -4,6 +4,10 @@ Light on purpose (raw asyncio streams on uvloop, one orjson parse per SSE data
 line), so the client is not what a benchmark measures. A ``Connection`` sends one
 request at a time and is reused, as an SDK client's pool would; it reconnects
 when the server closed it or a request failed.
+
+A connection to a ``/responses`` path reads the Responses API: a content delta is
+a ``response.output_text.delta`` event, the end is ``response.completed``, and
+an ``error`` or ``response.failed`` event is the request's error.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -53,9 +58,37 @@ def has_content(chunk: dict[str, object]) -> bool:
     return bool(delta.get("content"))
 
 
+RESPONSES_DELTA = "response.output_text.delta"
+RESPONSES_DONE = "response.completed"
+RESPONSES_FAILED = frozenset({"error", "response.failed", "response.incomplete"})
+
+
+def responses_event(event: dict[str, object], result: Result) -> None:
+    """Note one Responses event in ``result``: a text delta, the end, or a failure."""
+    kind = event.get("type")
+    if kind == RESPONSES_DELTA:
+        if event.get("delta"):
+            result.times.append(time.perf_counter())
+    elif kind == RESPONSES_DONE:
+        result.done = True
+    elif kind in RESPONSES_FAILED and result.error is None:
+        result.error = f"{kind}: {orjson.dumps(event)[:200].decode(errors='replace')}"
+
+
+def responses_text(document: dict[str, Any]) -> str:
+    """The output text of a whole (non-streamed) Response object."""
+    text = ""
+    for item in document.get("output") or ():
+        for part in item.get("content") or ():
+            if part.get("type") == "output_text":
+                text += part.get("text") or ""
+    return text
+
+
 class Connection:
     def __init__(self, host: str, port: int, path: str, headers: dict[str, str]) -> None:
         self._host, self._port = host, port
+        self._responses = path.rstrip("/").endswith("/responses")
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self._head = (
             f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
@@ -122,7 +155,11 @@ class Connection:
             return keep
         if not stream:
             document = orjson.loads(b"".join([part async for part in body]))
-            if document["choices"][0]["message"]["content"]:
+            if self._responses:
+                text = responses_text(document) if document.get("status") == "completed" else ""
+            else:
+                text = document["choices"][0]["message"]["content"]
+            if text:
                 result.times.append(time.perf_counter())
                 result.done = True
             return keep
@@ -133,7 +170,9 @@ class Connection:
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == b"[DONE]":
+                if self._responses:
+                    responses_event(orjson.loads(data), result)
+                elif data == b"[DONE]":
                     result.done = True
                 elif has_content(orjson.loads(data)):
                     result.times.append(time.perf_counter())

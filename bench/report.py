@@ -304,6 +304,87 @@ def _stall_free(results: Results) -> list[str]:
     ]
 
 
+def _responses(results: Results) -> list[str]:
+    """The Responses API row: its own TTFT, CPU per delta next to chat's, and seam."""
+    section = _section(results, "responses")
+    if not section:
+        return []
+    view = {"configs": results.get("configs"), "labels": results.get("labels"), **section}
+    streams = COUNT(section.get("streams"))
+    summary = [
+        ("chat CPU ms / delta", _col("chat_cpu_ms_per_delta", CPU_S)),
+        ("Responses CPU ms / delta", _col("responses_cpu_ms_per_delta", CPU_S)),
+        ("Responses ÷ chat", _col("cpu_ratio", RATIO)),
+        ("chat × direct", _col("chat_frames_vs_direct", RATIO)),
+        ("Responses × direct", _col("responses_frames_vs_direct", RATIO)),
+        ("added TTFT p50: chat", _col("chat_ttft_added_p50", SIGNED_MS)),
+        ("Responses", _col("ttft_added_p50", SIGNED_MS)),
+        ("seam − leg TTFT p50: chat", _col("chat_seam_excess_p50", SIGNED_MS)),
+        ("Responses", _col("seam_excess_p50", SIGNED_MS)),
+    ]
+    rounds = _entry(section, "concurrency")
+    columns = [
+        ("frames/s", _col("frames_per_s", RATE)),
+        ("× direct", _col("vs_direct", RATIO)),
+        ("gap p99", _col("gap_p99", MS)),
+        ("added gap p99", _col("added_gap_p99", SIGNED_MS)),
+        (f"streams with gap > {STALL_MS} ms", _stalled),
+        ("errors", _col("errors", COUNT)),
+        ("TTFT p50", _col("ttft_p50", MS)),
+        ("CPU s / 1000 chunks", _col("cpu_s_per_1000_chunks", CPU_S)),
+        ("proxy CPU %", _cpu("proxy")),
+    ]
+    rows = [
+        [protocol, _label(results, c), *(cell(row) for _, cell in columns)]
+        for protocol in ("chat", "responses")
+        for c in _order(results, _entry(rounds, protocol))
+        if (row := _entry(_entry(rounds, protocol), c))
+    ]
+    return [
+        "### Responses API, side by side with chat",
+        "",
+        f"`POST /v1/responses` against the same upstream (the same text deltas and pacing, as "
+        f"Responses events). CPU per delta from chat and Responses rounds of {streams} streams "
+        "run alternately; TTFT and seam as the chat workloads, each against direct Responses "
+        "(LiteLLM is not measured here).",
+        "",
+        *_config_table(view, "summary", summary),
+        f"#### {streams} concurrent streams, chat and Responses rounds alternating",
+        "",
+        *_table(["protocol", "config", *(h for h, _ in columns)], rows, left=2),
+        "#### Responses: one stream, time to first token",
+        "",
+        *_config_table(
+            view,
+            "ttft",
+            [
+                ("n", _col("n", COUNT)),
+                ("p50", _col("p50", MS)),
+                ("p99", _col("p99", MS)),
+                ("added p50", _col("added_p50", SIGNED_MS)),
+                ("added p99", _col("added_p99", SIGNED_MS)),
+                ("errors", _col("errors", COUNT)),
+            ],
+        ),
+        "#### Responses: seam latency",
+        "",
+        *_config_table(
+            view,
+            "seam",
+            [
+                ("n", _col("n", COUNT)),
+                ("seam p50", _col("p50", MS)),
+                ("seam p99", _col("p99", MS)),
+                ("new leg TTFT p50", _col("leg_ttft_p50", MS)),
+                ("p99", _col("leg_ttft_p99", MS)),
+                ("seam − leg TTFT p50", _col("excess_p50", SIGNED_MS)),
+                ("p99", _col("excess_p99", SIGNED_MS)),
+                ("errors", _col("errors", COUNT)),
+            ],
+        ),
+    ]
+
+
 def markdown(results: Results) -> str:
     """The results as a markdown document (header, then one section per workload)."""
     sections = (
@@ -315,6 +396,7 @@ def markdown(results: Results) -> str:
         _seam,
         _resources,
         _stall_free,
+        _responses,
     )
     lines = [line for section in sections for line in section(results)]
     return "\n".join(lines).rstrip() + "\n"

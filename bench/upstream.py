@@ -12,6 +12,13 @@ is never what a benchmark measures. The model name is the workload::
 A streaming request gets a role chunk, the content chunks, a finish chunk, a
 usage chunk if ``stream_options.include_usage`` is set, and ``[DONE]``, chunked
 over HTTP/1.1 keep-alive; a non-streaming one gets the whole ``chat.completion``.
+``POST /v1/responses`` answers the same text in the Responses API's events, with
+the same pacing: ``response.created``, ``response.in_progress``, the message's
+``output_item.added`` and ``content_part.added`` at once, one
+``output_text.delta`` per content chunk, then ``output_text.done``,
+``content_part.done``, ``output_item.done`` and ``response.completed`` with
+usage (each ``event: <type>`` + ``data: {"type":..., "sequence_number": n, ...}``);
+a non-streaming one gets the completed Response object.
 Pacing is one ``call_at`` per chunk on the event loop (absolute times: a late
 chunk does not delay the ones after it). With ``--reuse-port`` several processes
 can share one port (``SO_REUSEPORT``). ``GET /v1/models`` answers readiness.
@@ -106,6 +113,101 @@ def _completion(model: str, chunks: int) -> bytes:
     )
 
 
+def _response(model: str, chunks: int, status: str) -> dict[str, Any]:
+    """A Response object (the completed one carries the message and usage)."""
+    done = status == "completed"
+    return {
+        "id": "resp_bench",
+        "object": "response",
+        "created_at": 1700000000,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "model": model,
+        "output": [_message(chunks, "completed")] if done else [],
+        "parallel_tool_calls": True,
+        "temperature": None,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": None,
+        "usage": (
+            {
+                "input_tokens": 8,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": chunks,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 8 + chunks,
+            }
+            if done
+            else None
+        ),
+    }
+
+
+def _message(chunks: int | None, status: str) -> dict[str, Any]:
+    """The message output item; ``chunks`` None: as added, with no content yet."""
+    item: dict[str, Any] = {"id": "msg_bench", "type": "message", "role": "assistant"}
+    if chunks is None:
+        return item | {"status": status, "content": []}
+    return item | {"status": status, "content": [_part(chunks)]}
+
+
+def _part(chunks: int) -> dict[str, Any]:
+    text = "".join(_WORDS[i % len(_WORDS)] for i in range(chunks))
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _event(kind: str, number: int, fields: dict[str, Any]) -> bytes:
+    """One Responses event (``event:`` line, then its data) as one HTTP chunk."""
+    head = b'{"type":"%s","sequence_number":%d' % (kind.encode(), number)
+    data = b"event: " + kind.encode() + b"\ndata: " + head
+    data += (b"," + orjson.dumps(fields)[1:] if fields else b"}") + b"\n\n"
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+@functools.cache
+def _responses_stream(model: str, chunks: int) -> tuple[bytes, tuple[bytes, ...], bytes]:
+    """(head + opening events, text delta events, closing events) of one Responses stream."""
+    where = {"item_id": "msg_bench", "output_index": 0, "content_index": 0}
+    opening: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": _response(model, chunks, "in_progress")}),
+        ("response.in_progress", {"response": _response(model, chunks, "in_progress")}),
+        ("response.output_item.added", {"output_index": 0, "item": _message(None, "in_progress")}),
+        (
+            "response.content_part.added",
+            where | {"part": {"type": "output_text", "text": "", "annotations": []}},
+        ),
+    ]
+    head = b"".join(_event(kind, n, fields) for n, (kind, fields) in enumerate(opening))
+    first = len(opening)
+    content = tuple(
+        _event(
+            "response.output_text.delta",
+            first + i,
+            where | {"delta": _WORDS[i % len(_WORDS)], "logprobs": []},
+        )
+        for i in range(chunks)
+    )
+    part = _part(chunks)
+    closing: list[tuple[str, dict[str, Any]]] = [
+        ("response.output_text.done", where | {"text": part["text"], "logprobs": []}),
+        ("response.content_part.done", where | {"part": part}),
+        ("response.output_item.done", {"output_index": 0, "item": _message(chunks, "completed")}),
+        ("response.completed", {"response": _response(model, chunks, "completed")}),
+    ]
+    after = first + chunks
+    tail = b"".join(_event(kind, after + n, fields) for n, (kind, fields) in enumerate(closing))
+    return _head(200, "text/event-stream", None) + head, content, tail + b"0\r\n\r\n"
+
+
+@functools.cache
+def _responses_document(model: str, chunks: int) -> bytes:
+    return _json(200, _response(model, chunks, "completed"))
+
+
 MODELS = _json(200, {"object": "list", "data": [{"id": "bench", "object": "model"}]})
 
 
@@ -166,7 +268,8 @@ class Connection(asyncio.Protocol):
         if method == b"get" and path.rstrip(b"/").endswith(b"/models"):
             self._transport.write(MODELS)
             return self._next()
-        if method != b"post" or not path.endswith(b"/chat/completions"):
+        responses = path.endswith(b"/responses")
+        if method != b"post" or not (responses or path.endswith(b"/chat/completions")):
             self._transport.write(_error(404, "not found"))
             return self._next()
         try:
@@ -177,10 +280,14 @@ class Connection(asyncio.Protocol):
             self._transport.write(_error(400, "model must be bench-<chunks>x<pace>ms"))
             return self._next()
         if not request.get("stream"):
-            self._transport.write(_completion(model, chunks))
+            document = _responses_document if responses else _completion
+            self._transport.write(document(model, chunks))
             return self._next()
-        options = request.get("stream_options") or {}
-        head, content, tail = _stream(model, chunks, bool(options.get("include_usage")))
+        if responses:
+            head, content, tail = _responses_stream(model, chunks)
+        else:
+            options = request.get("stream_options") or {}
+            head, content, tail = _stream(model, chunks, bool(options.get("include_usage")))
         self._transport.write(head)
         self._busy = True
         loop = asyncio.get_running_loop()

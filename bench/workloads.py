@@ -3,6 +3,10 @@
 Rotating order cancels machine drift: in round r the targets run starting from
 target r mod n, so each runs first, second, ... equally often. Every request of
 a workload goes through ``bench.client``; its CPU accounting reads /proc.
+
+Most workloads speak chat completions; ``ttft``, ``seam`` and ``protocols`` (chat
+and Responses streams at one N, in alternating order within each round) also
+speak the Responses API (``protocol=RESPONSES``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ STALL = 0.040  # a gap longer than this is a stall
 TTFT_CHUNKS = 4  # the one-stream TTFT workload: a short answer, no pacing
 NONSTREAM_CHUNKS = 16  # the non-streaming workload's answer, in tokens
 MS = 1000.0
+CHAT, RESPONSES = "chat", "responses"
+PATHS = {CHAT: "/v1/chat/completions", RESPONSES: "/v1/responses"}
 
 
 @dataclass
@@ -34,15 +40,19 @@ class Target:
     port: int
     proxy: list[int] = field(default_factory=list)  # its process tree ([] for direct)
     headers: dict[str, str] = field(default_factory=dict)
-    pool: list[Connection] = field(default_factory=list)
+    pools: dict[str, list[Connection]] = field(default_factory=dict)  # by protocol
 
-    def connections(self, count: int) -> list[Connection]:
+    def connections(self, count: int, protocol: str = CHAT) -> list[Connection]:
         """``count`` keep-alive connections, the same ones from round to round."""
-        while len(self.pool) < count:
-            self.pool.append(
-                Connection("127.0.0.1", self.port, "/v1/chat/completions", self.headers)
-            )
-        return self.pool[:count]
+        pool = self.pools.setdefault(protocol, [])
+        while len(pool) < count:
+            pool.append(Connection("127.0.0.1", self.port, PATHS[protocol], self.headers))
+        return pool[:count]
+
+    @property
+    def pool(self) -> list[Connection]:
+        """Every connection it has opened, whatever the protocol."""
+        return [c for pool in self.pools.values() for c in pool]
 
 
 @dataclass
@@ -73,7 +83,9 @@ def model(chunks: int, pace_ms: int) -> str:
 MODELS = (model(TTFT_CHUNKS, 0), model(CHUNKS, PACE_MS), model(NONSTREAM_CHUNKS, 0))
 
 
-def body(model: str, stream: bool, **extra: Any) -> bytes:
+def body(model: str, stream: bool, protocol: str = CHAT, **extra: Any) -> bytes:
+    if protocol == RESPONSES:
+        return orjson.dumps({"model": model, "input": "hi", "stream": stream} | extra)
     return orjson.dumps(
         {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream} | extra
     )
@@ -122,13 +134,15 @@ def failures(errors: Sequence[str]) -> dict[str, Any]:
 # ---------------------------------------------------------------- one stream: TTFT
 
 
-async def ttft(targets: Sequence[Target], requests: int, block: int) -> dict[str, dict[str, Any]]:
+async def ttft(
+    targets: Sequence[Target], requests: int, block: int, protocol: str = CHAT
+) -> dict[str, dict[str, Any]]:
     """``requests`` sequential streams per target, in blocks of ``block`` that rotate."""
-    payload = body(model(TTFT_CHUNKS, 0), True)
+    payload = body(model(TTFT_CHUNKS, 0), True, protocol)
     samples: dict[str, list[float]] = {t.name: [] for t in targets}
     failed: dict[str, list[str]] = {t.name: [] for t in targets}
     for r, target in rotations(targets, -(-requests // block), 1):
-        (connection,) = target.connections(1)
+        (connection,) = target.connections(1, protocol)
         for _ in range(block):
             result = await connection.request(payload, stream=True)
             result.check(TTFT_CHUNKS)
@@ -218,37 +232,70 @@ async def sample_rss(target: Target, after: float, into: Sweep) -> None:
         into.rss_kb = max(into.rss_kb, sum(memory_kb(pid, "VmRSS") for pid in target.proxy))
 
 
+async def streams_round(
+    target: Target, protocol: str, n: int, roles: Roles, sweep: Sweep, counted: bool
+) -> None:
+    """One round: ``n`` streams of ``CHUNKS`` deltas at once, tallied in ``sweep`` if counted."""
+    payload = body(model(CHUNKS, PACE_MS), True, protocol)
+    connections = target.connections(n, protocol)
+    await connect_all(connections)
+    before = roles.cpu(target)
+    rss = asyncio.create_task(sample_rss(target, CHUNKS * PACE_MS / MS / 2, sweep))
+    started = time.perf_counter()
+    results = await asyncio.gather(*(c.request(payload, stream=True) for c in connections))
+    wall = time.perf_counter() - started
+    await rss
+    after = roles.cpu(target)
+    for result in results:
+        result.check(CHUNKS)
+    if counted:
+        sweep.add(results, wall, {k: after[k] - before[k] for k in after})
+
+
+def summaries(sweeps: dict[str, Sweep], n: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """One row per target at ``n`` streams, with the added figures and the ratio to direct."""
+    rows = added(
+        {name: sweep.summary(n, rounds) for name, sweep in sweeps.items()},
+        ("gap_p50", "gap_p99", "ttft_p50", "ttft_p99"),
+    )
+    direct = rows.get("direct", {}).get("frames_per_s")
+    for row in rows.values():
+        row["vs_direct"] = row["frames_per_s"] / direct if direct else None
+    return rows
+
+
 async def concurrency(
     targets: Sequence[Target], levels: Sequence[int], rounds: int, warmup: int, roles: Roles
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    payload = body(model(CHUNKS, PACE_MS), True)
     table: dict[str, dict[str, dict[str, Any]]] = {t.name: {} for t in targets}
     for n in levels:
         sweeps = {t.name: Sweep() for t in targets}
         for r, target in rotations(targets, rounds, warmup):
-            connections = target.connections(n)
-            await connect_all(connections)
-            before = roles.cpu(target)
-            sweep = sweeps[target.name]
-            rss = asyncio.create_task(sample_rss(target, CHUNKS * PACE_MS / MS / 2, sweep))
-            started = time.perf_counter()
-            results = await asyncio.gather(*(c.request(payload, stream=True) for c in connections))
-            wall = time.perf_counter() - started
-            await rss
-            after = roles.cpu(target)
-            for result in results:
-                result.check(CHUNKS)
-            if r >= 0:
-                sweep.add(results, wall, {k: after[k] - before[k] for k in after})
-        rows = added(
-            {name: sweep.summary(n, rounds) for name, sweep in sweeps.items()},
-            ("gap_p50", "gap_p99", "ttft_p50", "ttft_p99"),
-        )
-        direct = rows.get("direct", {}).get("frames_per_s")
-        for name, row in rows.items():
-            row["vs_direct"] = row["frames_per_s"] / direct if direct else None
+            await streams_round(target, CHAT, n, roles, sweeps[target.name], r >= 0)
+        for name, row in summaries(sweeps, n, rounds).items():
             table[name][str(n)] = row
     return table
+
+
+async def protocols(
+    targets: Sequence[Target], n: int, rounds: int, warmup: int, roles: Roles
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Chat and Responses rounds of ``n`` streams, side by side: protocol -> target -> row.
+
+    Within each (rotating) round a target runs one chat round and one Responses
+    round, in alternating order from round to round, so both meet the same drift.
+    """
+    sweeps = {(t.name, p): Sweep() for t in targets for p in (CHAT, RESPONSES)}
+    for r, target in rotations(targets, rounds, warmup):
+        for protocol in (CHAT, RESPONSES) if r % 2 == 0 else (RESPONSES, CHAT):
+            await streams_round(target, protocol, n, roles, sweeps[target.name, protocol], r >= 0)
+    out = {}
+    for protocol in (CHAT, RESPONSES):
+        rows = summaries({t.name: sweeps[t.name, protocol] for t in targets}, n, rounds)
+        for row in rows.values():
+            row.pop("rss_kb")  # the concurrency workload measures memory
+        out[protocol] = rows
+    return out
 
 
 def stall_free(rows: dict[str, dict[str, Any]]) -> int:
@@ -313,8 +360,26 @@ async def nonstream(
 SEAM_TEXT, SEAM_AT = 40, 20
 
 
+# Responses seams take seeds from here on: ``times=1`` counts by the exact model string,
+# and the chat seams of the same run use 0, 1, 2…
+RESPONSES_SEEDS = 1_000_000
+
+
+def continuation(spec: str, protocol: str) -> bytes:
+    """The continuation request a recovery sends: half the answer as an assistant message."""
+    answer = expected_answer(spec).text
+    turns = [
+        {"role": "assistant", "content": answer[: len(answer) // 2]},
+        {"role": "user", "content": "continue"},
+    ]
+    if protocol == RESPONSES:  # the gateway sends the original input first
+        items = [{"role": "user", "content": "hi"}, *turns]
+        return orjson.dumps({"model": spec, "input": items, "stream": True})
+    return orjson.dumps({"model": spec, "messages": turns, "stream": True})
+
+
 async def seam(
-    targets: Sequence[Target], chaos: Target, recoveries: int
+    targets: Sequence[Target], chaos: Target, recoveries: int, protocol: str = CHAT
 ) -> dict[str, dict[str, Any]]:
     """Fault to first spliced delta, against the continuation's TTFT sent directly.
 
@@ -327,13 +392,14 @@ async def seam(
     seams: dict[str, list[float]] = {t.name: [] for t in targets}
     legs: dict[str, list[float]] = {t.name: [] for t in targets}
     failed: dict[str, list[str]] = {t.name: [] for t in targets}
-    (direct,) = chaos.connections(1)
+    (direct,) = chaos.connections(1, protocol)
+    first_seed = RESPONSES_SEEDS if protocol == RESPONSES else 0
     for i, (_, target) in enumerate(rotations(targets, recoveries, 0)):
         # A distinct seed per stream: ``times=1`` counts by the exact model string.
-        spec = f"chaos:text={SEAM_TEXT},seed={i}"
-        (connection,) = target.connections(1)
+        spec = f"chaos:text={SEAM_TEXT},seed={first_seed + i}"
+        (connection,) = target.connections(1, protocol)
         result = await connection.request(
-            body(f"{spec},fault=reset,at={SEAM_AT},times=1", True), stream=True
+            body(f"{spec},fault=reset,at={SEAM_AT},times=1", True, protocol), stream=True
         )
         if result.error is None and (not result.done or len(result.times) <= SEAM_AT):
             result.error = f"did not recover: {len(result.times)} deltas"
@@ -341,18 +407,7 @@ async def seam(
             failed[target.name].append(result.error)
             continue
         seams[target.name].append(result.times[SEAM_AT] - result.times[SEAM_AT - 1])
-        answer = expected_answer(spec).text
-        continuation = orjson.dumps(
-            {
-                "model": spec,
-                "messages": [
-                    {"role": "assistant", "content": answer[: len(answer) // 2]},
-                    {"role": "user", "content": "continue"},
-                ],
-                "stream": True,
-            }
-        )
-        leg = await direct.request(continuation, stream=True)
+        leg = await direct.request(continuation(spec, protocol), stream=True)
         if leg.ttft is not None:
             legs[target.name].append(leg.ttft)
     out = {}

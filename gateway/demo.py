@@ -11,7 +11,10 @@ byte-identical to an unbroken one (``expected_answer``).
 
 The client is plain httpx + httpx-sse, as someone without the openai package would
 write it: content and tool-call deltas, ``finish_reason``, an in-band
-``{"error": ...}`` event, ``[DONE]``.
+``{"error": ...}`` event, ``[DONE]``. One more scene speaks the Responses API
+(``POST /v1/responses``) through the openai SDK's ``client.responses.stream()``,
+which checks the event order strictly; it is skipped, with a note, when the
+openai package is not installed (it is a development dependency).
 """
 
 from __future__ import annotations
@@ -54,11 +57,15 @@ IDLE_TIMEOUT = 1.0  # seconds without a byte before the gateway calls a stream s
 PACE_MS = 35  # between the upstream's deltas, so the answers arrive as a model's would
 
 
+CHAT, RESPONSES = "chat", "responses"
+
+
 @dataclass(frozen=True)
 class Scenario:
     title: str  # what breaks, and where
     spec: str  # the chaos model name, without pacing; times=1: only the first request breaks
     rescuable: bool = True
+    api: str = CHAT  # chat completions (httpx), or the Responses API (the openai SDK)
 
 
 SCENARIOS = (
@@ -89,6 +96,12 @@ SCENARIOS = (
         "A content-policy error event after 10 of 32 text deltas: not transient, so not retried",
         "chaos:text=32,seed=5,fault=error_fatal,at=10,times=1",
         rescuable=False,
+    ),
+    Scenario(
+        "The Responses API, through the openai SDK's client.responses.stream(): connection "
+        "reset after 12 of 32 text deltas",
+        "chaos:text=32,seed=6,fault=reset,at=12,times=1",
+        api=RESPONSES,
     ),
 )
 
@@ -131,8 +144,14 @@ class Received:
     calls: dict[int, dict[str, str]] = field(default_factory=dict)  # index -> id, name, arguments
     finish_reasons: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
-    done: bool = False
+    done: bool = False  # [DONE]; for the Responses API, a response.completed event
     longest_pause: float = 0.0  # seconds between two events: where the stream was rescued
+    # The Responses API only: every event's sequence_number, the response ids the events
+    # named, the terminal status, and the output text of the SDK's final response.
+    sequence: list[int] = field(default_factory=list)
+    response_ids: set[str] = field(default_factory=set)
+    status: str | None = None
+    final_text: str | None = None
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -192,6 +211,45 @@ def stream_answer(
             last = now
             if event.data:
                 show(received.feed(event.data))
+    return received
+
+
+def stream_response(base_url: str, model: str, show: Callable[[str], None]) -> Received:
+    """Stream one Responses API answer with the openai SDK; ``show`` each text delta.
+
+    ``client.responses.stream()`` checks the event order as it goes (one response
+    identity, every item added before its events and done before the end); what it
+    raises is the stream's error.
+    """
+    from openai import APIError, OpenAI
+
+    received = Received()
+    prompt = "Tell me how streams survive failure."
+    with OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30.0) as client:
+        try:
+            with client.responses.stream(model=model, input=prompt) as events:
+                last: float | None = None
+                for event in events:
+                    now = time.perf_counter()
+                    if last is not None:
+                        received.longest_pause = max(received.longest_pause, now - last)
+                    last = now
+                    received.sequence.append(event.sequence_number)
+                    response = getattr(event, "response", None)
+                    if response is not None:
+                        received.response_ids.add(response.id)
+                        received.status = response.status
+                    if event.type == "response.output_text.delta":
+                        received.text += event.delta
+                        show(event.delta)
+                    elif event.type == "response.completed":
+                        received.done = True
+                final = events.get_final_response()
+                received.final_text = final.output_text
+        except APIError as exc:
+            received.error = {"message": exc.message, "code": getattr(exc, "code", None)}
+        except RuntimeError as exc:  # the SDK's own checks of the event order
+            received.error = {"message": str(exc), "code": "sdk_check"}
     return received
 
 
@@ -287,6 +345,32 @@ def differences(expected: Answer, received: Received) -> list[str]:
         )
     if not received.done:
         problems.append("no [DONE]")
+    return problems
+
+
+def responses_differences(expected: Answer, received: Received) -> list[str]:
+    """How a Responses stream differs from an unbroken answer; empty when it does not.
+
+    The text, whole and exact; one response id; ``sequence_number`` 0, 1, 2… with no
+    gap or repeat; a ``response.completed`` whose output text is the streamed text.
+    """
+    problems = []
+    if received.error is not None:
+        problems.append(f"the stream ended with an error: {received.error.get('message')}")
+    if received.text != expected.text:
+        agree = len(os.path.commonprefix([received.text, expected.text]))
+        problems.append(
+            f"the text differs from character {agree} on ({len(received.text)} characters "
+            f"received, {len(expected.text)} expected)"
+        )
+    if received.sequence != list(range(len(received.sequence))):
+        problems.append("sequence_number has a gap or a repeat")
+    if len(received.response_ids) != 1:
+        problems.append(f"{len(received.response_ids)} response ids, not one")
+    if not received.done or received.status != "completed":
+        problems.append(f"no response.completed (status {received.status!r})")
+    if received.final_text != received.text:
+        problems.append("the final response's output_text is not the streamed text")
     return problems
 
 
@@ -405,6 +489,24 @@ def _received_line(received: Received, seconds: float) -> str:
     return f"{', '.join(parts)}, then {', '.join(ending)}  ({seconds:.1f} s)"
 
 
+def _responses_received_line(received: Received, seconds: float) -> str:
+    parts = [f"{len(received.text)} characters in {len(received.sequence)} events"]
+    if received.sequence:
+        gapless = received.sequence == list(range(len(received.sequence)))
+        numbers = f"sequence_number {received.sequence[0]}–{received.sequence[-1]}"
+        parts.append(numbers + (" without a gap" if gapless else " WITH A GAP OR REPEAT"))
+    if received.response_ids:
+        ids = ", ".join(sorted(received.response_ids))
+        parts.append(f"response id {ids}" if len(received.response_ids) == 1 else f"ids {ids}")
+    if received.error is not None:
+        ending = f"an error ({received.error.get('code')})"
+    elif received.done:
+        ending = f"response.completed (status {_quote(received.status or '')})"
+    else:
+        ending = "no terminal event"
+    return f"{', '.join(parts)}; then {ending}  ({seconds:.1f} s)"
+
+
 def _broke_line(rescue: Rescue, received: Received) -> str:
     if not rescue.interruptions:
         return "nothing (the fault did not reach the gateway)"
@@ -480,10 +582,15 @@ class Stage:
     metrics: Metrics
     client: httpx.Client
 
-    def stream(self, model: str, show: Callable[[str], None]) -> tuple[Received, Rescue]:
+    def stream(
+        self, model: str, show: Callable[[str], None], api: str = CHAT
+    ) -> tuple[Received, Rescue]:
         """Stream one answer; return it with the evidence of what broke and was done."""
         before, seen = tally(self.metrics), len(self.upstream.requests)
-        received = stream_answer(self.client, self.gateway_url, model, show)
+        if api == RESPONSES:
+            received = stream_response(self.gateway_url, model, show)
+        else:
+            received = stream_answer(self.client, self.gateway_url, model, show)
         requests = self.upstream.requests[seen:]
         return received, rescue_of(before, tally(self.metrics), requests, expected_answer(model))
 
@@ -510,6 +617,15 @@ def staged() -> Iterator[Stage]:
 class Outcome:
     broke: bool  # the gateway saw the fault
     passed: bool  # the client got what it should have
+    skipped: bool = False  # not run: the openai package is not installed
+
+
+def has_openai() -> bool:
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def run_scenario(
@@ -520,15 +636,25 @@ def run_scenario(
     report.line()
     report.paragraph(f"{number}  {scenario.title}", indent="     ", code="1")
     report.field("model", model)
+    responses = scenario.api == RESPONSES
+    if responses and not has_openai():
+        report.field("skipped", "the openai package is not installed (pip install openai)")
+        return Outcome(broke=False, passed=True, skipped=True)
+    if responses:
+        report.field("client", "openai SDK: client.responses.stream(model=..., input=...)")
     started = time.perf_counter()
-    report.start_live("client")
+    report.start_live("text" if responses else "client")
     try:
-        received, rescue = stage.stream(model, report.live)
+        received, rescue = stage.stream(model, report.live, scenario.api)
     finally:
         report.end_live()
     for call in received.tool_calls:
         report.field("", _tool_line(call))
-    report.field("received", _received_line(received, time.perf_counter() - started))
+    seconds = time.perf_counter() - started
+    if responses:
+        report.field("received", _responses_received_line(received, seconds))
+    else:
+        report.field("received", _received_line(received, seconds))
     if received.error is not None and not scenario.rescuable:
         report.field("error", f"{received.error.get('code')}: {received.error.get('message')}")
     report.field("broke", _broke_line(rescue, received))
@@ -539,7 +665,13 @@ def run_scenario(
     if rescue.trimmed:
         trimmed = f"{rescue.trimmed} characters the continuation quoted back, cut before the client"
         report.field("trimmed", trimmed)
-    if scenario.rescuable:
+    if responses:
+        problems = responses_differences(expected, received)
+        report.verdict(
+            "identical to an unbroken answer, one response, sequence_number without a gap",
+            problems,
+        )
+    elif scenario.rescuable:
         problems = differences(expected, received)
         report.verdict("identical to an unbroken answer", problems)
     else:
@@ -566,7 +698,7 @@ def _header(report: Report, stage: Stage, count: int) -> None:
 def _summary(
     report: Report, scenarios: tuple[Scenario, ...], outcomes: list[Outcome], seconds: float
 ) -> None:
-    pairs = list(zip(scenarios, outcomes, strict=True))
+    pairs = [(s, o) for s, o in zip(scenarios, outcomes, strict=True) if not o.skipped]
     rescuable = [o for s, o in pairs if s.rescuable]
     report.line()
     if not all(o.passed for o in outcomes):
@@ -575,13 +707,19 @@ def _summary(
         report.paragraph(text, code="31;1")
         return
     broken, rescued = sum(o.broke for o in rescuable), sum(o.passed for o in rescuable)
-    text = (
-        f"{broken} streams broke, {rescued} rescued: every answer byte-identical to an "
-        "unbroken one, 0 characters lost or repeated."
-    )
+    texts = []
+    if rescuable:
+        texts.append(
+            f"{broken} streams broke, {rescued} rescued: every answer byte-identical to an "
+            "unbroken one, 0 characters lost or repeated."
+        )
     if refused := len(pairs) - len(rescuable):
-        text += f" {refused} unrecoverable error ended its stream with an explicit error event."
-    report.paragraph(f"{text} ({seconds:.1f} s)", code="32;1")
+        texts.append(
+            f"{refused} unrecoverable error ended its stream with an explicit error event."
+        )
+    if skipped := len(outcomes) - len(pairs):
+        texts.append(f"{skipped} skipped: the openai package is not installed.")
+    report.paragraph(f"{' '.join(texts)} ({seconds:.1f} s)", code="32;1")
 
 
 def _hint(report: Report) -> None:
@@ -595,6 +733,7 @@ def _hint(report: Report) -> None:
         report.line("  " + command)
     report.line('  then stream model "chaos:text=40,fault=reset,at=12,times=1,pace_ms=30"')
     report.line("  (times=1: only the first request with that exact name breaks; vary seed=)")
+    report.line("  or the same model with client.responses.stream(model=..., input=...)")
 
 
 def run_demo(

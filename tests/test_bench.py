@@ -1,8 +1,9 @@
 """The benchmark harness end to end: ``python -m bench --quick``, as CI runs it.
 
 A smoke test, no timing assertions: every target (direct, the gateway three
-ways, LiteLLM's proxy) answers every workload without an error, and the results
-are written as JSON, markdown and a PNG chart.
+ways, LiteLLM's proxy) answers every workload without an error, the Responses
+API row (direct and the gateway) too, and the results are written as JSON,
+markdown and a PNG chart.
 """
 
 from __future__ import annotations
@@ -45,7 +46,24 @@ def test_quick_benchmark_runs_every_workload_against_every_target(tmp_path: Path
         assert seam["n"] > 0 and seam["errors"] == 0, (name, seam)
         assert results["resources"][name]["rss_idle_mb"] > 0
 
+    # The Responses row: direct and the gateways, chat and Responses rounds side by side.
+    responses = results["responses"]
+    for name in ("direct", "off", "memory", "redis"):
+        ttft = responses["ttft"][name]
+        assert ttft["n"] > 0 and ttft["errors"] == 0, (name, ttft)
+        for protocol in ("chat", "responses"):
+            row = responses["concurrency"][protocol][name]
+            assert row["errors"] == 0 and row["frames_per_s"] > 0, (name, protocol, row)
+            assert row["total_streams"] == responses["streams"], (name, protocol, row)
+    for name in ("off", "memory", "redis"):
+        seam = responses["seam"][name]
+        assert seam["n"] > 0 and seam["errors"] == 0, (name, seam)
+        assert set(responses["summary"][name]) >= {"cpu_ratio", "ttft_added_p50"}
+    assert "litellm" not in responses["ttft"]
+
     markdown = (tmp_path / "results.md").read_text()
+    assert "### Responses API, side by side with chat" in markdown
+    assert "| Responses CPU per delta vs chat's, 8 streams | ≤ 1.25× |" in markdown
     assert "smoke" in markdown.lower()
     assert "LiteLLM proxy" in markdown and "| Added TTFT p50, one stream |" in markdown
     assert (tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

@@ -11,9 +11,19 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from gateway.chaos import Answer, expected_answer
-from gateway.demo import SCENARIOS, Received, Scenario, differences, run_demo, surfaced_cleanly
+from gateway.demo import (
+    RESPONSES,
+    SCENARIOS,
+    Received,
+    Scenario,
+    differences,
+    responses_differences,
+    run_demo,
+    surfaced_cleanly,
+)
 
 CLI = str(Path(sys.executable).with_name("resumable-gateway"))
 
@@ -28,7 +38,9 @@ EXPECTED = {
         "truncate_before_tool",
     ),
     "chaos:text=32,seed=5,fault=error_fatal,at=10,times=1": ("in_band_error", None),
+    "chaos:text=32,seed=6,fault=reset,at=12,times=1": ("reset", "continue_text"),  # Responses
 }
+RESPONSES_SPEC = "chaos:text=32,seed=6,fault=reset,at=12,times=1"
 TOOLS_SPEC = "chaos:text=8,tools=2,arg_deltas=6,seed=4"
 
 
@@ -57,13 +69,24 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
         if plan is None:
             assert "handled   not retried" in report, report
             assert "an explicit error, no [DONE], the text so far intact: yes" in report, report
-        else:
+        elif spec != RESPONSES_SPEC:  # its own check, below
             assert f"rescued   {plan}: " in report, report
             assert "check     identical to an unbroken answer: yes" in report, report
     tool_report = reports[f"{TOOLS_SPEC},fault=reset,at=11,times=1"]
     assert tool_report.count("valid JSON") == 2, tool_report
     assert "INVALID" not in tool_report
-    assert "5 streams broke, 5 rescued" in result.stdout
+
+    # The Responses scene: the openai SDK's client.responses.stream(), rescued at a seam.
+    responses = reports[RESPONSES_SPEC]
+    flat = " ".join(responses.split())  # the fields wrap
+    assert "rescued continue_text: " in flat, responses
+    assert "client openai SDK: client.responses.stream(" in flat, responses
+    assert re.search(r"sequence_number 0–\d+ without a gap, response id resp_chaos_\d+;", flat)
+    assert 'then response.completed (status "completed")' in flat, responses
+    assert re.search(r"^ +seam +…\S", responses, flags=re.MULTILINE), responses
+    check = "identical to an unbroken answer, one response, sequence_number without a gap: yes"
+    assert f"check {check}" in flat, responses
+    assert "6 streams broke, 6 rescued" in result.stdout
     assert "OPENAI_BASE_URL=http://127.0.0.1:8080/v1" in result.stdout
 
 
@@ -123,6 +146,46 @@ def test_the_honest_failure_check_bites() -> None:
     assert surfaced_cleanly(expected, received_from([*payloads, error, "[DONE]"]))
     altered = dataclasses.replace(expected, text="Something else entirely, " + expected.text)
     assert surfaced_cleanly(expected, received_from([*stream_of(altered)[:2], error]))
+
+
+def responses_received(expected: Answer, **changes: object) -> Received:
+    """What the SDK client of the Responses scene gathers from an unbroken answer."""
+    received = Received(
+        text=expected.text,
+        done=True,
+        sequence=list(range(40)),
+        response_ids={"resp_1"},
+        status="completed",
+        final_text=expected.text,
+    )
+    return dataclasses.replace(received, **changes)  # type: ignore[arg-type]
+
+
+def test_the_responses_check_bites() -> None:
+    expected = expected_answer("chaos:text=20,seed=6")
+    assert responses_differences(expected, responses_received(expected)) == []
+    for changes in (
+        {"text": expected.text[:-1]},
+        {"sequence": [0, 1, 2, 4]},
+        {"sequence": [0, 1, 1, 2]},
+        {"response_ids": {"resp_1", "resp_2"}},
+        {"status": "failed", "done": False},
+        {"final_text": expected.text[:5]},
+        {"error": {"message": "lost", "code": "upstream_interrupted"}},
+    ):
+        assert responses_differences(expected, responses_received(expected, **changes)), changes
+
+
+def test_the_responses_scene_is_skipped_without_the_openai_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "openai", None)  # import openai raises ImportError
+    (scene,) = [s for s in SCENARIOS if s.api == RESPONSES]
+    out = io.StringIO()
+    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    report = out.getvalue()
+    assert "skipped   the openai package is not installed" in report
+    assert "streams broke" not in report and "1 skipped: the openai package" in report
 
 
 def test_a_stream_that_cannot_be_rescued_fails_the_demo() -> None:
