@@ -385,6 +385,58 @@ def _responses(results: Results) -> list[str]:
     ]
 
 
+def _durability(results: Results) -> list[str]:
+    """Redis checkpoints with durability sync (group commit) next to async."""
+    levels = _section(results, "concurrency")
+    sync, unsync = levels.get("redis") or {}, levels.get("redis-async") or {}
+    if not sync or not unsync:
+        return []
+    rows = []
+    for n in sorted(set(sync) & set(unsync), key=int):
+        for name, row in (("sync", sync[n]), ("async", unsync[n])):
+            other = unsync[n] if name == "sync" else sync[n]
+            frames, theirs = row.get("frames_per_s"), other.get("frames_per_s")
+            cpu = row.get("cpu_pct") or {}
+            rows.append(
+                [
+                    n,
+                    name,
+                    RATE(frames),
+                    RATIO(frames / theirs) if name == "sync" and frames and theirs else DASH,
+                    SIGNED_MS(row.get("added_lateness_p50")),
+                    SIGNED_MS(row.get("added_lateness_p99")),
+                    SIGNED_MS(row.get("added_gap_p99")),
+                    CPU_S(row.get("cpu_s_per_1000_chunks")),
+                    RATE(row.get("redis_ops_per_s")),
+                    _number_text(cpu.get("redis")),
+                ]
+            )
+    header = [
+        "N",
+        "durability",
+        "frames/s",
+        "× async",
+        "added latency per event p50",
+        "p99",
+        "added gap p99",
+        "CPU ms / delta",
+        "Redis ops/s",
+        "Redis CPU %",
+    ]
+    return [
+        "### Durability: sync (group commit) vs async, Redis checkpoints",
+        "",
+        "Latency per event: how late each delta reached the client against the",
+        "upstream's pacing, minus the same for a direct connection.",
+        "",
+        *_table(header, rows, left=2),
+    ]
+
+
+def _number_text(value: object) -> str:
+    return DASH if not isinstance(value, int | float) else f"{value:.0f}"
+
+
 def markdown(results: Results) -> str:
     """The results as a markdown document (header, then one section per workload)."""
     sections = (
@@ -392,6 +444,7 @@ def markdown(results: Results) -> str:
         _targets,
         _ttft,
         _concurrency,
+        _durability,
         _nonstream,
         _seam,
         _resources,

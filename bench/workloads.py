@@ -62,6 +62,19 @@ class Roles:
     upstream: list[int]
     redis: list[int]
     everything: list[int]  # every process of the benchmark, idle proxies too
+    redis_port: int | None = None  # for the commands it processed (Redis ops/s)
+
+    def redis_commands(self) -> int:
+        """Commands the benchmark's redis-server processed so far (INFO stats)."""
+        if self.redis_port is None:
+            return 0
+        import redis  # noqa: PLC0415 - only the full benchmark has a redis-server
+
+        client = redis.Redis(port=self.redis_port)
+        try:
+            return int(client.info("stats")["total_commands_processed"])
+        finally:
+            client.close()
 
     def cpu(self, target: Target) -> dict[str, float]:
         roles = {
@@ -182,6 +195,10 @@ class Sweep:
     rates: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
+    # How late each delta arrived against the upstream's pacing, from the request: a
+    # proxy that holds every event back (durability: sync) adds to all of them.
+    lateness: list[float] = field(default_factory=list)
+    redis_commands: int = 0
     stalled: int = 0
     streams: int = 0
     chunks: int = 0
@@ -200,6 +217,7 @@ class Sweep:
         for r in results:
             gaps = r.gaps
             self.gaps += gaps
+            self.lateness += [t - r.started - i * PACE_MS / MS for i, t in enumerate(r.times)]
             self.stalled += any(g > STALL for g in gaps)
             if r.ttft is not None:
                 self.ttfts.append(r.ttft)
@@ -219,6 +237,9 @@ class Sweep:
             **failures(self.errors),
             "ttft_p50": ms(percentile(self.ttfts, 0.5)),
             "ttft_p99": ms(percentile(self.ttfts, 0.99)),
+            "lateness_p50": ms(percentile(self.lateness, 0.5)),
+            "lateness_p99": ms(percentile(self.lateness, 0.99)),
+            "redis_ops_per_s": self.redis_commands / self.wall if self.wall else None,
             "cpu_s_per_1000_chunks": per_k,
             "cpu_pct": {role: 100 * s / self.wall for role, s in self.cpu.items()},
             "rss_kb": self.rss_kb or None,
@@ -239,24 +260,25 @@ async def streams_round(
     payload = body(model(CHUNKS, PACE_MS), True, protocol)
     connections = target.connections(n, protocol)
     await connect_all(connections)
-    before = roles.cpu(target)
+    before, commands = roles.cpu(target), roles.redis_commands()
     rss = asyncio.create_task(sample_rss(target, CHUNKS * PACE_MS / MS / 2, sweep))
     started = time.perf_counter()
     results = await asyncio.gather(*(c.request(payload, stream=True) for c in connections))
     wall = time.perf_counter() - started
     await rss
-    after = roles.cpu(target)
+    after, commands = roles.cpu(target), roles.redis_commands() - commands
     for result in results:
         result.check(CHUNKS)
     if counted:
         sweep.add(results, wall, {k: after[k] - before[k] for k in after})
+        sweep.redis_commands += commands
 
 
 def summaries(sweeps: dict[str, Sweep], n: int, rounds: int) -> dict[str, dict[str, Any]]:
     """One row per target at ``n`` streams, with the added figures and the ratio to direct."""
     rows = added(
         {name: sweep.summary(n, rounds) for name, sweep in sweeps.items()},
-        ("gap_p50", "gap_p99", "ttft_p50", "ttft_p99"),
+        ("gap_p50", "gap_p99", "ttft_p50", "ttft_p99", "lateness_p50", "lateness_p99"),
     )
     direct = rows.get("direct", {}).get("frames_per_s")
     for row in rows.values():
