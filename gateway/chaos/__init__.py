@@ -5,6 +5,9 @@ its ``x-chaos`` header) is a spec, ``chaos:text=40,fault=reset,at=12,times=1``,
 that picks a deterministic answer and a transport fault (``spec.py``); a request
 that carries an assistant prefix of that answer is answered from where the
 prefix ends, as a model continuing a broken stream would be (``answer.py``).
+``rechunk=1`` splits that text anew on every request, ``sample=1`` says other text
+on every request (``sampled_answer``); each request records its ``attempt``, the
+prefix it continued and the text it answered (``RecordedRequest``).
 
 Modules: ``spec`` (grammar), ``answer`` (content and deltas), ``render`` (bytes),
 ``http11`` (the minimal HTTP/1.1), ``wire`` (writing bodies: batched, paced, split),
@@ -15,7 +18,7 @@ same answers as Responses API events, ``POST /v1/responses``), ``server``
 
 from __future__ import annotations
 
-from gateway.chaos.answer import Answer, ToolCall, expected_answer
+from gateway.chaos.answer import Answer, ToolCall, expected_answer, sampled_answer
 from gateway.chaos.runner import run, running_chaos_upstream, serve
 from gateway.chaos.server import ChaosUpstream, RecordedRequest
 from gateway.chaos.spec import ChaosSpec, parse_spec
@@ -30,5 +33,6 @@ __all__ = [
     "parse_spec",
     "run",
     "running_chaos_upstream",
+    "sampled_answer",
     "serve",
 ]

@@ -8,6 +8,19 @@ from which it resumes at that character offset.
 Every delta is JSON-encoded once per answer (``script_for`` is cached): the
 server is the upstream of benchmarks with hundreds of concurrent streams, and
 sending a chunk must cost a few byte concatenations, not a JSON encoding.
+
+A real model is not that regular: a continuation is a new request, with its own
+token boundaries, and a sampling model says something else each time. Two spec
+keys play that, per request ``attempt`` (its number among the requests carrying
+the same spec string, 0 for the first; see ``attempt_deltas``):
+
+- ``rechunk=1``: the same text (``expected_answer``), split into deltas at
+  boundaries drawn for each attempt (``rechunked``), often right next to a
+  multi-byte character or inside a ZWJ sequence, never inside a code point. A
+  continuation resumes at the prefix's character offset, re-split too.
+- ``sample=1``: each attempt draws its own text after the prefix it continues
+  (``sampled_answer``); any assistant prefix is continued, since there is no one
+  text it must be a prefix of.
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ import bisect
 import functools
 import itertools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -236,6 +250,13 @@ def find_prefix(body: dict[str, Any], text: str) -> str:
     ``continue_final_message``; Mistral's ``"prefix": true`` on the last message.
     The messages are chat's ``messages`` or a Responses request's ``input`` items.
     """
+    prefix = assistant_prefix(body)
+    return prefix if text.startswith(prefix) else ""
+
+
+def assistant_prefix(body: dict[str, Any]) -> str:
+    """The assistant text this request asks to continue, whatever it is ("" for a fresh
+    request): ``find_prefix``'s shapes, without requiring a prefix of one answer."""
     messages = turns(body)
     if not messages:
         return ""
@@ -247,7 +268,7 @@ def find_prefix(body: dict[str, Any], text: str) -> str:
         prefix = _content(messages[-2])
     else:
         prefix = ""
-    return prefix if text.startswith(prefix) else ""
+    return prefix
 
 
 def ends_in_prefill(body: dict[str, Any]) -> bool:
@@ -303,23 +324,30 @@ def resume_at(script: Script, prefix: str) -> tuple[str, int]:
     return script.text_deltas[index][consumed:], index + 1
 
 
-def chat_plan(script: Script, prefix: str = "", echo: str = "") -> Plan:
+def chat_plan(
+    script: Script, prefix: str = "", echo: str = "", deltas: Sequence[str] | None = None
+) -> Plan:
     """The chunk bodies of a chat response resuming after ``prefix`` of the answer text.
 
     Reasoning comes again on a continuation (a real model reasons anew); the text
     resumes mid-delta if the prefix ended there; tool calls always come whole.
+    ``deltas`` (``attempt_deltas``), when given, are the text after the prefix.
     """
     bodies = [ROLE_BODY, *script.reasoning_bodies]
     counts = [False] + [True] * len(script.reasoning_bodies)
     if echo:
         bodies.append(_content_body(echo))
         counts.append(True)
-    remainder, index = resume_at(script, prefix)
-    if remainder:
-        bodies.append(_content_body(remainder))
-        counts.append(True)
-    bodies += script.text_bodies[index:]
-    counts += [True] * (len(script.text_bodies) - index)
+    if deltas is not None:
+        bodies += [_content_body(delta) for delta in deltas]
+        counts += [True] * len(deltas)
+    else:
+        remainder, index = resume_at(script, prefix)
+        if remainder:
+            bodies.append(_content_body(remainder))
+            counts.append(True)
+        bodies += script.text_bodies[index:]
+        counts += [True] * (len(script.text_bodies) - index)
     bodies += script.tool_bodies
     counts += script.tool_counts
     bodies.append(script.finish_body)
@@ -327,6 +355,82 @@ def chat_plan(script: Script, prefix: str = "", echo: str = "") -> Plan:
     return Plan(bodies, counts)
 
 
-def legacy_plan(script: Script) -> Plan:
-    """The ``text_completion`` chunk bodies: the answer text only, then the finish."""
-    return Plan(list(script.legacy_bodies), [True] * len(script.text_deltas) + [False])
+def legacy_plan(script: Script, deltas: Sequence[str] | None = None) -> Plan:
+    """The ``text_completion`` chunk bodies: the answer text only (``deltas``, when given),
+    then the finish."""
+    if deltas is None:
+        return Plan(list(script.legacy_bodies), [True] * len(script.text_deltas) + [False])
+    bodies = [b'"text":' + orjson.dumps(delta) + _NO_FINISH for delta in deltas]
+    return Plan([*bodies, script.legacy_bodies[-1]], [True] * len(deltas) + [False])
+
+
+# -- what one attempt says: rechunk=1 and sample=1 ----------------------------------------
+
+
+def rechunked(text: str, count: int, rng: random.Random) -> tuple[str, ...]:
+    """``text`` split into ``count`` non-empty deltas (fewer if it is shorter) at code point
+    boundaries drawn by ``rng``; half of the cuts, where there are any, right next to a
+    non-ASCII character (so inside a ZWJ sequence, or between a CJK word's characters)."""
+    if not text:
+        return ()
+    count = max(1, min(count, len(text)))
+    positions = range(1, len(text))
+    tricky = [i for i in positions if not (text[i - 1].isascii() and text[i].isascii())]
+    cuts = set(rng.sample(tricky, min(len(tricky), (count - 1) // 2)))
+    others = [i for i in positions if i not in cuts]
+    cuts.update(rng.sample(others, count - 1 - len(cuts)))
+    bounds = [0, *sorted(cuts), len(text)]
+    return tuple(text[start:end] for start, end in itertools.pairwise(bounds))
+
+
+def _rechunk(spec: ChaosSpec, attempt: int, prefix: str, text: str) -> tuple[str, ...]:
+    """``text`` (what follows ``prefix``) as this attempt splits it: about as many deltas
+    as the script has for as much text, give or take 40%."""
+    script = script_for(spec)
+    rng = random.Random(f"chaos:rechunk:{spec.seed}:{attempt}:{len(prefix)}")
+    mean = len(script.text) / max(len(script.text_deltas), 1) or 1.0
+    return rechunked(text, round(len(text) / mean * rng.uniform(0.6, 1.4)), rng)
+
+
+@functools.lru_cache(maxsize=256)
+def _sample_pool(count: int, attempt: int, seed: int) -> tuple[str, ...]:
+    return _deltas(count, f"sample:{attempt}", seed)
+
+
+def _sampled(spec: ChaosSpec, attempt: int, prefix: str) -> tuple[str, ...]:
+    """The deltas a ``sample=1`` attempt says after ``prefix``: drawn for this attempt,
+    until the prefix and they are as long as the script's text (at least one delta)."""
+    target = len(script_for(spec).text)
+    if not target:
+        return ()
+    need = max(1, target - len(prefix))
+    count = 2 * max(spec.text, 1) + 1
+    while True:
+        pool = _sample_pool(count, attempt, spec.seed)
+        if prefix:  # a continuation: no delta without its leading space
+            pool = pool[1:]
+        taken: list[str] = []
+        length = 0
+        for delta in pool:
+            taken.append(delta)
+            length += len(delta)
+            if length >= need:
+                return tuple(taken)
+        count *= 2  # each delta holds a character at least: this ends
+
+
+def sampled_answer(spec: ChaosSpec | str, attempt: int, prefix: str = "") -> str:
+    """What a ``sample=1`` response says after ``prefix`` (and after any echo) on the
+    ``attempt``-th request carrying ``spec`` (0: the first); pure and deterministic."""
+    return "".join(_sampled(parse_spec(spec) if isinstance(spec, str) else spec, attempt, prefix))
+
+
+def attempt_deltas(spec: ChaosSpec, attempt: int, prefix: str) -> tuple[str, ...] | None:
+    """The text deltas the ``attempt``-th request of ``spec`` says after ``prefix`` (and its
+    echo), or None when they are the script's own (neither ``rechunk`` nor ``sample``)."""
+    if spec.sample:
+        deltas = _sampled(spec, attempt, prefix)
+        return _rechunk(spec, attempt, prefix, "".join(deltas)) if spec.rechunk else deltas
+    if spec.rechunk:
+        return _rechunk(spec, attempt, prefix, script_for(spec).text[len(prefix) :])
+    return None

@@ -204,6 +204,7 @@ def responses_plan(
     answer: ResponsesScript,
     prefix: str = "",
     echo: str = "",
+    deltas: Sequence[str] | None = None,
     *,
     number: int = 1,
     model: str = "chaos",
@@ -216,6 +217,7 @@ def responses_plan(
     mid-delta if the prefix ended there (after ``echo``), tool calls come whole. The
     message item is there only if this response says some text. Item ids carry
     ``number`` (``rs_<n>``, ``msg_<n>``, ``fc_<n>_<j>``): they differ between responses.
+    ``deltas`` (``attempt_deltas``), when given, are the text after the prefix.
     """
     script = answer.script
     identity = response_id(number)
@@ -251,11 +253,16 @@ def responses_plan(
         add(SUMMARY_PART_DONE, where + b',"part":' + orjson.dumps(part) + b"}")
         item_done()
 
-    remainder, start = resume_at(script, prefix)
-    tails = [_text_tail(piece) for piece in (echo, remainder) if piece]
-    tails += answer.text_tails[start:]
+    if deltas is None:
+        remainder, start = resume_at(script, prefix)
+        tails = [_text_tail(piece) for piece in (echo, remainder) if piece]
+        tails += answer.text_tails[start:]
+        said = script.text[len(prefix) :]
+    else:
+        tails = [_text_tail(piece) for piece in (echo, *deltas) if piece]
+        said = "".join(deltas)
     if tails:
-        text = echo + script.text[len(prefix) :]
+        text = echo + said
         item_id = f"msg_{number}".encode()
         where = b',"item_id":"%s","output_index":%d,"content_index":0' % (item_id, len(output))
         part = {"type": "output_text", "text": text, "annotations": []}

@@ -20,13 +20,16 @@ import logging
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from gateway.chaos import render, responses
 from gateway.chaos.answer import (
+    Script,
     anchor_of,
+    assistant_prefix,
+    attempt_deltas,
     chat_plan,
     echo_of,
     ends_in_prefill,
@@ -48,11 +51,36 @@ READ_TIMEOUT = 30.0
 
 @dataclasses.dataclass
 class RecordedRequest:
+    """A request the server received and, for a completion it answered, what it said.
+
+    ``attempt`` numbers the model requests carrying one spec string (0: the first),
+    as ``times=`` counts them; ``rechunk=1`` and ``sample=1`` answers depend on it.
+    ``prefix`` is the assistant text a completion continued ("" for a fresh one),
+    ``echo`` what it repeated first, ``answered_text`` the text it said after
+    that: all of it, as planned, even if a fault cut the stream. They stay None
+    where there is no such answer (an error status, embeddings, ``/v1/models``).
+    """
+
     method: str
     path: str
     headers: dict[str, str]  # lower-case names
     body: Any  # the parsed JSON body, or None
     query: str = ""  # the raw query string, without "?"
+    attempt: int | None = None
+    prefix: str | None = None
+    echo: str | None = None
+    answered_text: str | None = None
+
+
+class Said(NamedTuple):
+    """What one completion says: its script, the prefix it continues, its echo, its text
+    deltas after the echo (None: the script's own) and that text."""
+
+    script: Script
+    prefix: str
+    echo: str
+    deltas: tuple[str, ...] | None
+    text: str
 
 
 class ChaosUpstream:
@@ -65,6 +93,7 @@ class ChaosUpstream:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._faulted: dict[str, int] = {}  # spec string -> requests seen carrying it
+        self._attempts: dict[str, int] = {}  # spec string -> completions requested with it
         self._ids = itertools.count(1)
 
     async def start(self) -> None:
@@ -158,7 +187,8 @@ class ChaosUpstream:
             self.requests.append(self._record(request, None))
             message = "We could not parse the JSON body of your request."
             return await _reply_error(writer, request, 400, message)
-        self.requests.append(self._record(request, payload))
+        recorded = self._record(request, payload)
+        self.requests.append(recorded)
         route = (request.method, request.path)
         if route == ("GET", "/v1/models"):
             return await _reply(writer, request, 200, render.MODELS)
@@ -171,7 +201,7 @@ class ChaosUpstream:
             if not isinstance(payload, dict):
                 message = "The request body must be a JSON object."
                 return await _reply_error(writer, request, 400, message)
-            return await self._answer(request, payload, reader, writer)
+            return await self._answer(request, recorded, reader, writer)
         message = f"Unknown request URL: {request.method} {request.path}."
         return await _reply_error(writer, request, 404, message, "unknown_url")
 
@@ -200,14 +230,38 @@ class ChaosUpstream:
         self._faulted[spec.source] = seen + 1
         return spec.fault if seen < spec.times else None
 
+    def _said(self, spec: ChaosSpec, payload: dict[str, Any], recorded: RecordedRequest) -> Said:
+        """What a completion answers: the prefix it continues, its echo, its text deltas
+        (None: the script's own), recorded on ``recorded``."""
+        script = script_for(spec)
+        legacy = recorded.path == "/v1/completions"
+        if legacy:
+            prefix = ""
+        elif spec.sample:
+            prefix = assistant_prefix(payload)
+        else:
+            prefix = find_prefix(payload, script.text)
+        echo = "" if legacy else echo_of(spec, prefix, anchor_of(payload, prefix))
+        attempt = recorded.attempt or 0
+        deltas = attempt_deltas(spec, attempt, prefix)
+        recorded.prefix, recorded.echo = prefix, echo
+        recorded.answered_text = script.text[len(prefix) :] if deltas is None else "".join(deltas)
+        return Said(script, prefix, echo, deltas, recorded.answered_text)
+
+    def _take_attempt(self, spec: ChaosSpec) -> int:
+        attempt = self._attempts.get(spec.source, 0)
+        self._attempts[spec.source] = attempt + 1
+        return attempt
+
     async def _answer(
         self,
         request: Request,
-        payload: dict[str, Any],
+        recorded: RecordedRequest,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
         """A POST to one of the model endpoints: what happens before any answer byte."""
+        payload: dict[str, Any] = recorded.body
         model = payload.get("model")
         model = model if isinstance(model, str) else "chaos"
         try:
@@ -221,6 +275,7 @@ class ChaosUpstream:
                 "The conversation must end with a user message."
             )
             return await _reply_error(writer, request, 400, message)
+        recorded.attempt = self._take_attempt(spec)
         fault = self._take_fault(spec)
         if fault == "reset_before":
             await reset(writer, flush=False)
@@ -233,10 +288,12 @@ class ChaosUpstream:
             body = render.error_body(message, kind, code)
             return await _reply(writer, request, HTTP_FAULTS[fault], body, headers)
         if request.path == "/v1/responses":
+            said = self._said(spec, payload, recorded)
             respond = self._respond_responses
-            return await respond(request, payload, model, spec, fault, reader, writer)
+            return await respond(request, payload, model, spec, said, fault, reader, writer)
         if request.path != "/v1/embeddings":
-            return await self._complete(request, payload, model, spec, fault, reader, writer)
+            said = self._said(spec, payload, recorded)
+            return await self._complete(request, payload, model, spec, said, fault, reader, writer)
         texts = _embedding_inputs(payload.get("input"))
         if texts is None:
             message = "'input' must be a string, an array of strings or of token arrays."
@@ -250,16 +307,18 @@ class ChaosUpstream:
         payload: dict[str, Any],
         model: str,
         spec: ChaosSpec,
+        said: Said,
         fault: str | None,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
         """A chat (or legacy) completion: fresh, or continuing an assistant prefix."""
         legacy = request.path == "/v1/completions"
-        script = script_for(spec)
-        prefix = "" if legacy else find_prefix(payload, script.text)
-        echo = echo_of(spec, prefix, anchor_of(payload, prefix))
-        plan = legacy_plan(script) if legacy else chat_plan(script, prefix, echo)
+        script, prefix, echo = said.script, said.prefix, said.echo
+        if legacy:
+            plan = legacy_plan(script, said.deltas)
+        else:
+            plan = chat_plan(script, prefix, echo, said.deltas)
         messages = payload.get("messages")
         prompt_tokens = 10 + (len(messages) if isinstance(messages, list) else 1)
         usage = render.usage(prompt_tokens, sum(plan.counts))
@@ -268,9 +327,9 @@ class ChaosUpstream:
 
         if payload.get("stream") is not True:
             if legacy:
-                body = render.text_completion(response_id, created, model, script.text, usage)
+                body = render.text_completion(response_id, created, model, said.text, usage)
             else:
-                content = echo + script.text[len(prefix) :]
+                content = echo + said.text
                 body = render.chat_completion(response_id, created, model, script, content, usage)
             return await _reply_json(writer, request, body, fault)
 
@@ -303,21 +362,21 @@ class ChaosUpstream:
         payload: dict[str, Any],
         model: str,
         spec: ChaosSpec,
+        said: Said,
         fault: str | None,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
         """A Responses API response: fresh, or continuing an assistant prefix of ``input``."""
         answer = responses.responses_script(spec)
-        prefix = find_prefix(payload, answer.script.text)
-        echo = echo_of(spec, prefix, anchor_of(payload, prefix))
         items = turns(payload)
         number = next(self._ids)
         created = int(time.time())
         plan = responses.responses_plan(
             answer,
-            prefix,
-            echo,
+            said.prefix,
+            said.echo,
+            said.deltas,
             number=number,
             model=model,
             created=created,

@@ -10,6 +10,11 @@ name that does not start with ``chaos`` gets the default spec, so any client can
 point at the chaos upstream unchanged; a name that does start with ``chaos`` but
 does not parse is an error, because a typo in a fault would otherwise silently
 run a clean test.
+
+Two keys play a real model's variance between requests (``answer.py``), each
+request numbered by its spec string (``attempt``, as ``times=`` counts): with
+``rechunk=1`` every request says the same text split at other boundaries, with
+``sample=1`` every request says other text after the prefix it continues.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class ChaosSpec:
     echo_prefix: bool = False
     anchor: bool = True  # repeat the anchor a prompt-mode continuation quotes
     prefill: bool = True  # 0: refuse a trailing assistant message with a 400
+    rechunk: bool = False  # 1: the same text, split into deltas anew by every request
+    sample: bool = False  # 1: other text after the prefix on every request
 
     @property
     def line_ending(self) -> bytes:
@@ -148,6 +155,8 @@ _KEYS: dict[str, Callable[[str], object]] = {
     "echo_prefix": _flag,
     "anchor": _flag,
     "prefill": _flag,
+    "rechunk": _flag,
+    "sample": _flag,
 }
 
 
