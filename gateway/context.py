@@ -102,6 +102,9 @@ class Gateway:
             if self._drain is not None:
                 await self._drain
         finally:
+            if self._store_check is not None:  # a readiness check out: not past the close
+                self._store_check.cancel()
+                await asyncio.gather(self._store_check, return_exceptions=True)
             await self.runs.aclose()  # runs first: their last checkpoints need the store
             await self.upstreams.aclose()
 

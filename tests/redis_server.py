@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,6 +92,11 @@ def _local_redis() -> Iterator[RedisServer]:
             server.stop()
 
 
+def local_redis() -> contextlib.AbstractContextManager[RedisServer]:
+    """A local ``redis-server`` even where Docker runs: one a test can restart."""
+    return _local_redis()
+
+
 def _wait_until_up(url: str) -> None:
     client = redis.Redis.from_url(url)
     deadline = time.monotonic() + 10
@@ -119,3 +125,128 @@ def running_redis() -> Iterator[RedisServer]:
     else:
         with _local_redis() as server:
             yield server
+
+
+@dataclass
+class RedisSentinels:
+    """One primary, one replica and three sentinels watching them, all local."""
+
+    url: str  # redis+sentinel://…/SERVICE
+    service: str
+    servers: list[RedisServer]  # the primary as started, then its replica
+    sentinels: list[RedisServer]
+
+    def primary_port(self) -> int | None:
+        """The primary's port as the first sentinel answering names it."""
+        for sentinel in self.sentinels:
+            client = redis.Redis.from_url(sentinel.url, socket_timeout=1)
+            try:
+                address: Any = client.sentinel_get_master_addr_by_name(self.service)
+            except redis.RedisError:
+                continue
+            finally:
+                client.close()
+            return None if address is None else int(address[1])
+        return None
+
+    def primary(self) -> RedisServer:
+        port = self.primary_port()
+        return next(s for s in self.servers if s.url.endswith(f":{port}/0"))
+
+
+@contextlib.contextmanager
+def running_sentinels(
+    *, down_after_ms: int = 1000, failover_timeout_ms: int = 3000
+) -> Iterator[RedisSentinels]:
+    """A primary, its replica and three sentinels (quorum 2): killing the primary fails
+    it over to the replica in about ``down_after_ms`` plus one to two seconds."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed; run scripts/install")
+    service = "gateway"
+    with tempfile.TemporaryDirectory() as workdir:
+        servers: list[RedisServer] = []
+        sentinels: list[RedisServer] = []
+        try:
+            primary_port = free_port()
+            for role in ("primary", "replica"):
+                port = primary_port if role == "primary" else free_port()
+                directory = Path(workdir) / str(port)
+                directory.mkdir()
+                command = [
+                    binary,
+                    "--port", str(port),
+                    "--bind", "127.0.0.1",
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--dir", str(directory),
+                    "--repl-diskless-sync-delay", "0",  # the replica syncs at once
+                    "--repl-ping-replica-period", "1",
+                ]  # fmt: skip
+                if role == "replica":
+                    command += ["--replicaof", "127.0.0.1", str(primary_port)]
+                process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+                servers.append(RedisServer(f"redis://127.0.0.1:{port}/0", process, command))
+            for server in servers:
+                _wait_until_up(server.url)
+            _wait_for(lambda: _replica_synced(servers[1].url), "the replica never synced")
+            for _ in range(3):
+                port = free_port()
+                config = Path(workdir) / f"sentinel-{port}.conf"  # sentinels rewrite it
+                config.write_text(
+                    f"port {port}\n"
+                    "bind 127.0.0.1\n"
+                    f"dir {workdir}\n"
+                    f"sentinel monitor {service} 127.0.0.1 {primary_port} 2\n"
+                    f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+                    f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
+                    f"sentinel parallel-syncs {service} 1\n"
+                )
+                command = [binary, str(config), "--sentinel"]
+                process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+                sentinels.append(RedisServer(f"redis://127.0.0.1:{port}/0", process, command))
+            for sentinel in sentinels:
+                _wait_until_up(sentinel.url)
+            hosts = ",".join(s.url.removeprefix("redis://").removesuffix("/0") for s in sentinels)
+            up = RedisSentinels(f"redis+sentinel://{hosts}/{service}", service, servers, sentinels)
+            # Each sentinel must have found the replica and the two other sentinels
+            # (through the primary's hello channel) before a failover can be voted.
+            _wait_for(lambda: all(_sentinel_ready(s.url, service) for s in sentinels),
+                      "the sentinels never met")  # fmt: skip
+            yield up
+        finally:
+            for server in sentinels + servers:
+                if server.process is not None and server.process.poll() is None:
+                    server.stop()
+
+
+def _wait_for(ready: Any, message: str, within: float = 20) -> None:
+    deadline = time.monotonic() + within
+    while not ready():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+
+
+def _replica_synced(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    try:
+        info: Any = client.info("replication")
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+    return bool(info.get("master_link_status") == "up")
+
+
+def _sentinel_ready(url: str, service: str) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    try:
+        master: Any = client.sentinel_master(service)
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+    if isinstance(master, list):  # a flat list of names and values
+        master = dict(zip(master[::2], master[1::2], strict=True))
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in master.items()}
+    return int(fields.get("num-slaves", 0)) >= 1 and int(fields.get("num-other-sentinels", 0)) >= 2

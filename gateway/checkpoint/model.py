@@ -117,6 +117,9 @@ class Applied(enum.IntEnum):
     # Refused: another replica claimed the run after this writer's lease lapsed (a
     # pause past lease_ttl), so this writer's checkpoints would overwrite the new owner's.
     FENCED = 2
+    # Not written: the part of the store holding the run could not be reached (a
+    # Cluster primary down, its slots not failed over yet) while the rest could.
+    FAILED = 3
 
 
 def owner_hash(key: bytes, credential: str | None) -> str:

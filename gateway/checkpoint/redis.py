@@ -34,7 +34,10 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as redis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError, TimeoutError
 
 from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
 
@@ -120,12 +123,30 @@ def _keys(run_id: str) -> tuple[str, str, str, str, str, str]:
     )
 
 
+# A command that fails on a stale pooled connection (a Redis restarted, a failover, an
+# idle connection a NAT dropped) is sent once more, at once, on a fresh connection,
+# before its error surfaces. redis-py does it: the connection is closed and opened
+# again between the two tries (on a Cluster, after re-reading the slot map), so the
+# second try reaches the Redis that is there now. Once, not redis-py's default of
+# ten tries with backoff: a Redis that is really down must fail fast, the writer and
+# readiness have their own bounds, and a Cluster client would otherwise re-read the
+# slot map ten times per command to a dead primary.
+RETRY_ON = [ConnectionError, TimeoutError]
+
+
+def _retry() -> Retry:
+    return Retry(NoBackoff(), 1)
+
+
 def connect(url: str, pool_size: int) -> Any:
     """A client for ``url``: redis[s]://, redis[s]+cluster:// or redis+sentinel://."""
     scheme, _, rest = url.partition("://")
     if scheme.endswith("+cluster"):
         return RedisCluster.from_url(
-            f"{scheme.removesuffix('+cluster')}://{rest}", max_connections=pool_size
+            f"{scheme.removesuffix('+cluster')}://{rest}",
+            max_connections=pool_size,
+            retry=_retry(),
+            retry_on_error=RETRY_ON,
         )
     if scheme == "redis+sentinel":
         # redis+sentinel://[:password@]host:port[,host:port…]/service[/db]
@@ -139,13 +160,33 @@ def connect(url: str, pool_size: int) -> Any:
         if not path:
             raise ValueError("a redis+sentinel:// URL names the service: …/mymaster[/db]")
         password = unquote(parts.password) if parts.password else None
+        # The sentinels too: a dead one is skipped after one retry, not ten with backoff.
+        sentinel_kwargs = {"password": password, "retry": _retry(), "retry_on_error": RETRY_ON}
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            nodes, password=password, sentinel_kwargs={"password": password}
+            nodes, password=password, sentinel_kwargs=sentinel_kwargs
         )
         db = int(path[1]) if len(path) > 1 else 0
-        return sentinel.master_for(path[0], db=db, max_connections=pool_size)
-    pool = redis.BlockingConnectionPool.from_url(url, max_connections=pool_size, timeout=5)
+        return sentinel.master_for(
+            path[0],
+            db=db,
+            max_connections=pool_size,
+            retry=_retry(),
+            retry_on_error=RETRY_ON,
+        )
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=pool_size, timeout=5, retry=_retry(), retry_on_error=RETRY_ON
+    )
     return redis.Redis(connection_pool=pool)
+
+
+class ClusterStateError(ConnectionError):
+    """A Cluster primary answers, but says the cluster cannot serve every slot."""
+
+
+def _per_node(infos: Any) -> list[tuple[str, dict[str, Any]]]:
+    if isinstance(infos, dict) and "cluster_state" in infos:
+        return [("the only primary", infos)]
+    return list(infos.items())
 
 
 def _entries(raw: list[Any], after: int) -> list[tuple[int, bytes]]:
@@ -171,12 +212,28 @@ class RedisStore:
         self._claim_script = self._redis.register_script(CLAIM_SCRIPT)
 
     async def ping(self) -> None:
-        """Raise unless Redis answers; on a Cluster, every primary (a run may be on any)."""
-        if isinstance(self._probe, RedisCluster):
-            # Its default would ask one node only: a dead primary would go unnoticed.
-            await self._probe.ping(target_nodes=RedisCluster.PRIMARIES)
-        else:
-            await self._probe.ping()
+        """Raise unless Redis can serve every run now.
+
+        Standalone: it answers. Sentinel: the sentinels name a master that is up, and
+        it answers. Cluster: every primary answers (a run may be on any; a plain PING
+        asks one node), and each says the cluster is ok: while a primary's slots wait
+        for a failover, the others refuse every key (CLUSTERDOWN) yet answer a PING.
+        """
+        probe = self._probe
+        if isinstance(probe, RedisCluster):
+            infos = await probe.cluster_info(target_nodes=RedisCluster.PRIMARIES)
+            # One node's answer is its info; several nodes', a dict of them by node.
+            states = {node: info.get("cluster_state") for node, info in _per_node(infos)}
+            failing = sorted(node for node, state in states.items() if state != "ok")
+            if failing:
+                raise ClusterStateError(f"cluster_state not ok on {', '.join(failing)}")
+            return
+        pool = probe.connection_pool
+        if isinstance(pool, SentinelConnectionPool):
+            # Asks the sentinels (raises MasterNotFoundError if none names a master that
+            # is up); a new address drops the probe's idle connection to the old one.
+            await pool.get_master_address()  # type: ignore[no-untyped-call]
+        await probe.ping()
 
     async def owner_key(self) -> bytes:
         # The first replica to ask creates the key; every other one reads the same.
@@ -186,11 +243,20 @@ class RedisStore:
 
     async def write(self, flushes: Sequence[Flush]) -> list[Applied]:
         if isinstance(self._redis, RedisCluster):
-            # A run's keys share a slot, different runs' do not: one call per run.
+            # A run's keys share a slot, different runs' do not: one call per run, and
+            # a run whose slot cannot be written (its primary died, and no replica has
+            # taken over yet) fails alone: the others' writes stand.
             replies = await asyncio.gather(
-                *(self._write_script(_keys(f.run_id), _write_args(f)) for f in flushes)
+                *(self._write_script(_keys(f.run_id), _write_args(f)) for f in flushes),
+                return_exceptions=True,
             )
-            return [Applied(reply[0]) for reply in replies]
+            failures = [reply for reply in replies if isinstance(reply, BaseException)]
+            if failures and len(failures) == len(replies):
+                raise failures[0]  # nothing written: the store is down, as on standalone
+            return [
+                Applied.FAILED if isinstance(reply, BaseException) else Applied(reply[0])
+                for reply in replies
+            ]
         keys: list[str] = []
         args: list[bytes | str | int] = []
         for f in flushes:
@@ -248,3 +314,6 @@ class RedisStore:
                 await client.aclose()
             else:  # a pool passed in is not closed by default
                 await client.aclose(close_connection_pool=True)
+                if isinstance(client.connection_pool, SentinelConnectionPool):
+                    # Its connections to the sentinels: not the client's to close.
+                    await client.connection_pool.sentinel_manager.aclose()

@@ -67,6 +67,7 @@ class CheckpointWriter:
         self._due: dict[str, Checkpointed] = {}
         self._owned: dict[str, Checkpointed] = {}  # runs whose lease this writer renews
         self._next_heartbeats = 0.0  # loop time of the next scan for runs due a heartbeat
+        self._rewrite: set[str] = set()  # runs whose last write failed alone (Applied.FAILED)
         self._written_ok = metrics.checkpoint_writes.labels("ok")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -143,7 +144,10 @@ class CheckpointWriter:
         try:
             async with asyncio.timeout(self._timeout):
                 key = await self.owner_key()
-                flushes = [run.flush(key, rewrite=not self.healthy) for run in batch]
+                flushes = [
+                    run.flush(key, rewrite=not self.healthy or run.id in self._rewrite)
+                    for run in batch
+                ]
                 applied = await self.store.write(flushes)
         except Exception as exc:  # noqa: BLE001 - any store failure: go on without it
             self._metrics.checkpoint_writes.labels("error").inc(len(batch))
@@ -162,14 +166,37 @@ class CheckpointWriter:
         if not self.healthy:
             self.healthy = True
             logger.warning("checkpoint store reachable again; checkpoints resumed")
-        written = 0
+        written = failed = 0
+        failing = bool(self._rewrite)
         for run, flush, result in zip(batch, flushes, applied, strict=True):
+            if result is Applied.FAILED:
+                # The store failed for this run alone (its Cluster primary is down): as
+                # when a whole write fails, for this run; the others' stand. It is
+                # rewritten whole, as after an outage: a primary replaced by its replica
+                # may have lost this run's last writes, or applied the one that failed.
+                failed += 1
+                self._due.setdefault(run.id, run)
+                self._rewrite.add(run.id)
+                run.unflushed()
+                continue
+            self._rewrite.discard(run.id)
             if result is Applied.FENCED:
                 self._fenced(run)
             else:
                 written += 1
                 run.flushed(flush, result is Applied.WATCHED)
         self._written_ok.inc(written)
+        if failed:
+            self._metrics.checkpoint_writes.labels("error").inc(failed)
+            if not failing:
+                logger.warning(
+                    "checkpoint store partly unavailable: %d of %d runs not written; they "
+                    "go on without checkpoints until their part of it is back",
+                    failed,
+                    len(batch),
+                )
+        elif failing and not self._rewrite:
+            logger.warning("checkpoint store reachable again for every run; checkpoints resumed")
         return True
 
     def _fenced(self, run: Checkpointed) -> None:

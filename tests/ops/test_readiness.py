@@ -1,6 +1,8 @@
 """``/readyz`` follows Redis: it turns 503 within a second or two of Redis dying,
-on standalone and on Cluster, and 200 again once it is back, each answer within
-the store check's bound (0.5 s), however busy the gateway's own Redis connections.
+on standalone, Cluster and Sentinel, and 200 again once it is back or failed over,
+each answer within the store check's bound (0.5 s), however busy the gateway's own
+Redis connections. On a Cluster, a primary that answers but says the cluster cannot
+serve every slot (``cluster_state:fail``) is not ready either.
 
 The gateway runs in-process; Redis is the test's own ``redis-server`` (killed with
 SIGKILL, or frozen with SIGSTOP, which is what a network partition looks like).
@@ -16,13 +18,15 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
+from redis.crc import key_slot
 
 from gateway.chaos import ChaosUpstream
 from gateway.checkpoint.model import Flush, RunRecord, RunState, owner_hash
 from gateway.checkpoint.redis import RedisStore
 from gateway.context import STORE_CHECK_TIMEOUT
 from tests.redis_cluster import running_cluster
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer, running_redis, running_sentinels
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
 SLACK = 0.25  # seconds a loaded 2-core machine may add to an answer
@@ -139,4 +143,86 @@ def test_readyz_on_a_cluster_reports_any_dead_primary(chaos: ChaosUpstream) -> N
         reason = wait_for_readiness(gateway, 503, within=2)
         assert reason is not None and reason.startswith("redis unreachable")
         last.restart()  # rejoins with its slots (its nodes.conf survived)
+        # It answers PING at once, but refuses every key (CLUSTERDOWN) for 2 s, until
+        # it trusts its view of the cluster: not ready until then.
+        assert readiness(gateway)[:2] == (503, "redis unreachable: ClusterStateError")
         wait_for_readiness(gateway, 200, within=5)
+        key = next(k for k in (f"k{i}" for i in range(100_000)) if key_slot(k.encode()) == 16383)
+        node = redis.Redis.from_url(last.url)
+        try:
+            assert node.set(key, b"1")  # ready: its slots take writes
+        finally:
+            node.close()
+
+
+def role(server: RedisServer) -> str:
+    node = redis.Redis.from_url(server.url, socket_timeout=1)
+    try:
+        info: dict[str, Any] = node.info("replication")
+        return str(info["role"])
+    finally:
+        node.close()
+
+
+def test_readyz_on_a_cluster_follows_a_failover(chaos: ChaosUpstream) -> None:
+    # A primary with a replica dies: not ready until the replica serves its slots,
+    # ready again then, with the dead node still dead.
+    with (
+        running_cluster(replicas=1, node_timeout=1000) as cluster,
+        durable_gateway(chaos, cluster.url) as gateway,
+    ):
+        wait_for_readiness(gateway, 200, within=0)
+        primary = cluster.nodes[0]  # the node the URL names, too
+        replica = cluster.replica_of(primary)
+        primary.stop()
+        killed = time.monotonic()
+        reason = wait_for_readiness(gateway, 503, within=1)
+        assert reason is not None and reason.startswith("redis unreachable")
+        while True:
+            status = readiness(gateway)[0]  # asked before: it cannot see a later failover
+            if role(replica) == "master":  # the first node to know it took over
+                break
+            assert status == 503, "ready before the failover"
+            assert time.monotonic() - killed < 15, "no failover within 15 s"
+            time.sleep(0.05)
+        wait_for_readiness(gateway, 200, within=2)
+
+
+def test_readyz_on_a_cluster_is_503_while_a_primary_answers_but_cannot_serve_every_slot(
+    chaos: ChaosUpstream,
+) -> None:
+    # Every primary answers PING, yet one says cluster_state:fail (here: a slot it
+    # dropped; in a failover, the slots of a primary marked failed), and refuses keys.
+    with running_cluster() as cluster, durable_gateway(chaos, cluster.url) as gateway:
+        wait_for_readiness(gateway, 200, within=0)
+        node = redis.Redis.from_url(cluster.nodes[0].url)
+        try:
+            node.cluster("DELSLOTS", 0)
+            reason = wait_for_readiness(gateway, 503, within=2)
+            assert reason == "redis unreachable: ClusterStateError"
+            node.cluster("ADDSLOTS", 0)
+            wait_for_readiness(gateway, 200, within=3)
+        finally:
+            node.close()
+
+
+def test_readyz_on_sentinel_follows_a_failover(chaos: ChaosUpstream) -> None:
+    with (
+        running_sentinels(down_after_ms=1000) as sentinels,
+        durable_gateway(chaos, sentinels.url) as gateway,
+    ):
+        wait_for_readiness(gateway, 200, within=0)
+        primary = sentinels.primary()
+        primary.stop()
+        killed = time.monotonic()
+        reason = wait_for_readiness(gateway, 503, within=1)
+        assert reason is not None and reason.startswith("redis unreachable")
+        while True:
+            status = readiness(gateway)[0]  # asked before: it cannot see a later failover
+            if role(sentinels.servers[1]) == "master":  # the replica, promoted
+                break
+            assert status == 503, "ready before the failover"
+            assert time.monotonic() - killed < 15, "no failover within 15 s"
+            time.sleep(0.05)
+        wait_for_readiness(gateway, 200, within=2)
+        assert time.monotonic() - killed < 10
