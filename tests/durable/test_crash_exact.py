@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,48 +26,26 @@ import openai
 import orjson
 import pytest
 import redis
-from openai import OpenAI, Stream
-from openai.types.chat import ChatCompletionChunk
 
 from gateway.chaos import ChaosUpstream, RecordedRequest, expected_answer, sampled_answer
 from gateway.chaos.answer import attempt_deltas
 from gateway.chaos.spec import parse_spec
 from tests.api.streams import MESSAGES, Received, resume
 from tests.api.test_responses import Streamed, check_contract
-from tests.processes import DEADLINE, Replica, Replicas, replica_config
-from tests.redis_server import RedisServer, running_redis
+from tests.durable.two_replicas import (
+    AUTH,
+    continued_prefix,
+    drain,
+    sdk,
+    state,
+)
+from tests.processes import DEADLINE, Replica, Replicas
 
-CREDENTIAL = "sk-owner"
-AUTH = {"authorization": f"Bearer {CREDENTIAL}"}
 MODES = ["rechunk", "sample"]
 # k: right after the first content event (the role comes first), a few deltas in,
 # deep into the answer (negative: that many events before the finish; an attempt's
 # number of deltas varies, so it is counted from what the upstream plans to say).
 DEPTHS = [2, 9, -12]
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
-def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
-    """Two-replica config with the default durability, sync."""
-    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
-    chaos.requests.clear()
-    with Replicas(config, tmp_path) as running:
-        yield running
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -88,21 +64,6 @@ def events_planned(chaos: ChaosUpstream, model: str) -> int:
     return len(deltas) + 2
 
 
-@contextlib.contextmanager
-def sdk(replica: Replica) -> Iterator[OpenAI]:
-    with OpenAI(
-        base_url=replica.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE
-    ) as client:
-        yield client
-
-
-def state(store: redis.Redis, run_id: str) -> dict[str, Any]:
-    raw = store.get(f"rg:{{{run_id}}}:state")
-    assert raw is not None, f"run {run_id} has no checkpoint"
-    checkpoint: dict[str, Any] = orjson.loads(raw)
-    return checkpoint
-
-
 def kill(a: Replica, store: redis.Redis, run_id: str) -> int:
     """SIGKILL A (frozen first, so nothing more is sent or checkpointed); its checkpoint's seq."""
     a.freeze()
@@ -110,22 +71,6 @@ def kill(a: Replica, store: redis.Redis, run_id: str) -> int:
     seq: int = state(store, run_id)["seq"]
     a.kill()
     return seq
-
-
-def drain(stream: Stream[ChatCompletionChunk], into: Received) -> None:
-    """What the client still reads from a dead replica: what its socket had, then an error."""
-    with contextlib.suppress(httpx.HTTPError, openai.APIError), stream:
-        for chunk in stream:
-            into.feed(chunk)
-
-
-def continued_prefix(request: RecordedRequest) -> str:
-    """The assistant text of a continuation request (its one assistant turn)."""
-    turns = request.body.get("messages") or request.body.get("input")
-    assistant = [m for m in turns if isinstance(m, dict) and m.get("role") == "assistant"]
-    assert len(assistant) == 1, request.body
-    prefix: str = assistant[0]["content"]
-    return prefix
 
 
 def legs(chaos: ChaosUpstream, model: str) -> tuple[RecordedRequest, RecordedRequest]:

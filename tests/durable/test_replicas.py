@@ -13,107 +13,30 @@ from Redis, then A is killed (SIGKILL).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import httpx
-import openai
 import orjson
 import pytest
 import redis
-from openai import OpenAI, Stream
+from openai import Stream
 from openai.types.chat import ChatCompletionChunk
 
-from gateway.chaos import ChaosUpstream, RecordedRequest, expected_answer
+from gateway.chaos import ChaosUpstream, expected_answer
 from tests.api.streams import MESSAGES, Received, assert_whole_text_answer, resume, start
-from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
-from tests.redis_server import RedisServer, running_redis
-
-CREDENTIAL = "sk-owner"
-AUTH = {"authorization": f"Bearer {CREDENTIAL}"}
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
-def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
-    """Replicas with the default durability, sync: no client is ever ahead of the store."""
-    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
-    chaos.requests.clear()
-    with Replicas(config, tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-def async_replicas(
-    chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path
-) -> Iterator[Replicas]:
-    """Replicas with durability: async, whose clients can be ahead of the checkpoint."""
-    folder = tmp_path / "async"
-    folder.mkdir()
-    path = folder / "gateway.yaml"
-    config = replica_config(path, chaos.base_url, redis_server.url, durability="async")
-    chaos.requests.clear()
-    with Replicas(config, folder) as running:
-        yield running
-
-
-# -- clients and inspection -------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def sdk(replica: Replica) -> Iterator[OpenAI]:
-    with OpenAI(
-        base_url=replica.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE
-    ) as client:
-        yield client
-
-
-def drain(stream: Stream[ChatCompletionChunk], into: Received) -> None:
-    """What a client still reads from a replica that died: what it had sent, then an error."""
-    with contextlib.suppress(httpx.HTTPError, openai.APIError), stream:
-        for chunk in stream:
-            into.feed(chunk)
-
-
-def state(store: redis.Redis, run_id: str) -> dict[str, Any]:
-    raw = store.get(f"rg:{{{run_id}}}:state")
-    assert raw is not None, f"run {run_id} has no checkpoint"
-    checkpoint: dict[str, Any] = orjson.loads(raw)
-    return checkpoint
-
-
-def lease_held(store: redis.Redis, run_id: str) -> bool:
-    return bool(store.exists(f"rg:{{{run_id}}}:lease"))
-
-
-def continued_prefix(request: RecordedRequest) -> str:
-    """The text a continuation request asks the upstream to continue."""
-    assistant = [m for m in request.body["messages"] if m["role"] == "assistant"]
-    assert len(assistant) == 1, request.body
-    prefix: str = assistant[0]["content"]
-    return prefix
-
+from tests.durable.two_replicas import (
+    AUTH,
+    continued_prefix,
+    drain,
+    lease_held,
+    sdk,
+    state,
+)
+from tests.processes import DEADLINE, Replica, Replicas, wait_until
 
 # -- live tail ------------------------------------------------------------------------
 

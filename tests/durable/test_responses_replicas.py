@@ -8,42 +8,20 @@ continues the upstream. The events before and after must read as one stream.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import redis
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from tests.api.test_responses import Streamed, check_contract
-from tests.processes import DEADLINE, Replicas, replica_config, wait_until
-from tests.redis_server import RedisServer, running_redis
-
-CREDENTIAL = "sk-owner"
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture
-def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
-    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
-    chaos.requests.clear()
-    with Replicas(config, tmp_path) as running:
-        yield running
-
-
-def state(store: redis.Redis, run_id: str) -> dict[str, Any]:
-    raw = store.get(f"rg:{{{run_id}}}:state")
-    assert raw is not None, f"run {run_id} has no checkpoint"
-    checkpoint: dict[str, Any] = orjson.loads(raw)
-    return checkpoint
+from tests.durable.two_replicas import (
+    CREDENTIAL,
+    state,
+)
+from tests.processes import DEADLINE, Replicas, wait_until
+from tests.redis_server import RedisServer
 
 
 def test_retrieve_on_another_replica_after_the_owner_is_killed_takes_the_run_over(
