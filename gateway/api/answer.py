@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -10,9 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from gateway.api.fields import apply_fallbacks, without_gateway_fields
 from gateway.api.passthrough import upstream_error_response
-from gateway.api.runs import RunStream, disconnected
-from gateway.context import Gateway
+from gateway.api.runs import RunStream, disconnected, resume_stream
+from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
 from gateway.observe import CLIENT_CLOSED, request_log
 from gateway.protocols import Adapter
@@ -26,28 +29,51 @@ from gateway.upstream.routes import ResolvedRoute
 NO_RETRY = {"x-should-retry": "false"}
 
 
-async def answer(
-    request: Request,
-    gateway: Gateway,
-    adapter: Adapter,
-    route: ResolvedRoute,
-    body: dict[str, Any],
-    client_authorization: str | None,
-    started: float,
-) -> Response:
-    """Start a run of ``body`` on ``route`` and answer with it."""
+@dataclass(slots=True)
+class Asked:
+    """A request for a new run, read and routed: what ``answer`` starts it from."""
+
+    gateway: Gateway
+    adapter: Adapter
+    route: ResolvedRoute  # only legs that serve the adapter's protocol
+    body: dict[str, Any]  # without the gateway's own fields
+    client_authorization: str | None
+    started: float
+
+
+async def asked(request: Request, adapter: Adapter) -> Asked | Response:
+    """Read and route a ``POST`` of ``adapter``'s API; the rest of a run if it names one
+    (``x-run-id``: a resume, answered here)."""
+    started = time.perf_counter()
+    gateway = gateway_of(request)
+    client_authorization = gateway.auth.authorize(request)
+    resumed = request.headers.get("x-run-id")
+    if resumed is not None:
+        return await resume_stream(request, gateway, resumed)
+    body = await gateway.read_json(request)
+    route = gateway.router.resolve(body.get("model"))
+    request_log().route = route.name
+    route = apply_fallbacks(route, body.get("fallbacks"), gateway.router).serving(adapter.name)
+    # A strict upstream refuses fields it does not know.
+    body = without_gateway_fields(body)
+    return Asked(gateway, adapter, route, body, client_authorization, started)
+
+
+async def answer(request: Request, asked: Asked) -> Response:
+    """Start the run ``asked`` for and answer with it."""
+    gateway, route, body = asked.gateway, asked.route, asked.body
     # The client's forwardable headers go upstream with every leg (upstream/headers.py).
     upstreams = gateway.upstreams.for_client(
         request.headers.items(), credentials=gateway.auth.passes_credentials
     )
     run = Run(
-        adapter=adapter,
+        adapter=asked.adapter,
         route=route,
         body=body,
-        client_authorization=client_authorization,
+        client_authorization=asked.client_authorization,
         upstreams=upstreams,
         metrics=gateway.metrics,
-        started=started,
+        started=asked.started,
     )
     request_log().run = run
     headers = {"x-run-id": run.id}

@@ -20,20 +20,17 @@ such a request gets a clear 409, for 30 days (the Responses API's retention).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.answer import answer
-from gateway.api.fields import apply_fallbacks, without_gateway_fields
+from gateway.api.answer import answer, asked
 from gateway.api.passthrough import passthrough
-from gateway.api.runs import RunStream, no_events, parse_offset, resume_run, resume_stream
+from gateway.api.runs import RunStream, no_events, parse_offset, resume_run
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError
-from gateway.observe import request_log
 from gateway.protocols import RESPONSES
 from gateway.protocols.responses import input_items
 
@@ -45,21 +42,14 @@ class ResponseCutShort(GatewayError):
 
 
 async def create_response(request: Request) -> Response:
-    started = time.perf_counter()
-    gateway = gateway_of(request)
-    client_authorization = gateway.auth.authorize(request)
-    resumed = request.headers.get("x-run-id")
-    if resumed is not None:
-        return await resume_stream(request, gateway, resumed)
-    body = await gateway.read_json(request)
-    route = gateway.router.resolve(body.get("model"))
-    request_log().route = route.name
-    route = apply_fallbacks(route, body.get("fallbacks"), gateway.router).serving(RESPONSES.name)
-    body = without_gateway_fields(body)
-    previous = body.get("previous_response_id")
+    new = await asked(request, RESPONSES)
+    if isinstance(new, Response):
+        return new  # a resume
+    previous = new.body.get("previous_response_id")
     if isinstance(previous, str) and previous:
-        body = await _whole_context(gateway, body, previous, request.headers.get("authorization"))
-    return await answer(request, gateway, RESPONSES, route, body, client_authorization, started)
+        credential = request.headers.get("authorization")
+        new.body = await _whole_context(new.gateway, new.body, previous, credential)
+    return await answer(request, new)
 
 
 async def retrieve_response(request: Request) -> Response:
