@@ -7,10 +7,16 @@ already has. When the last follower leaves, the run goes on for the detach grace
 period, so a reconnect finds it live; then it is cancelled and its upstream
 closed, after a last checkpoint that lets a later resume continue it.
 
-Checkpoints: the producer marks the run due with its first event, then every
-``checkpoint_every`` content deltas, on each interruption and at the end (every
-event while another replica tails it); the writer (``checkpoint.writer``) does
-the I/O. The in-memory store gets the last one only, written as the run ends.
+Checkpoints: with Redis and ``durability: sync`` (the default), the log is
+*gated*: the producer marks the run due with every event, and followers see an
+event only once the write holding it is acknowledged (``RunLog.release``; group
+commit: the writer's one batch per tick carries every run's pending events), so
+no client is ever ahead of the store. If the store fails, what waits is released
+unprotected. With ``durability: async`` the producer marks the run due with its
+first event, then every ``checkpoint_every`` content deltas, on each interruption
+and at the end (every event while another replica tails it). The writer
+(``checkpoint.writer``) does the I/O. The in-memory store gets the last one only,
+written as the run ends.
 Writes carry the run's epoch (0, or what this process's claim returned): if this
 process was paused past its lease and another replica took the run over, the
 store refuses them, and the run ends here with a ``run_moved`` error event.
