@@ -1,0 +1,102 @@
+"""A stream through two gateway replicas on a Redis that fails over, then a replica that dies.
+
+The Redis primary holding the run is SIGKILLed mid-stream (Sentinel: the primary;
+Cluster: the primary of the run's slot), and the stream goes on while its
+replica is promoted (events released unprotected meanwhile, then rewritten
+whole). Once checkpoints are written again, the gateway replica relaying the run
+is SIGKILLed too, and the client resumes on the other one: the answer must be
+the uninterrupted one, byte for byte, from an upstream that chunks every attempt
+differently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from gateway.chaos import ChaosUpstream
+from tests.api.streams import Received, assert_whole_text_answer, resume, start
+from tests.durable.two_replicas import drain, sdk
+from tests.processes import Replicas, replica_config, wait_until
+from tests.redis_cluster import RedisClusterNodes, running_cluster
+from tests.redis_server import RedisSentinels, RedisServer, running_sentinels
+
+
+def _state(topology: RedisSentinels | RedisClusterNodes, run_id: str) -> dict[str, object] | None:
+    """The run's checkpoint state as the current primary has it; None while failing over."""
+    key = f"rg:{{{run_id}}}:state"
+    try:
+        if isinstance(topology, RedisClusterNodes):
+            url = topology.primary_of(key).url
+        else:
+            url = topology.primary().url
+        client = redis.Redis.from_url(url, socket_timeout=1)
+        try:
+            raw = client.get(key)
+        finally:
+            client.close()
+    except (redis.RedisError, RuntimeError, StopIteration):
+        return None
+    return None if raw is None else dict(orjson.loads(raw))
+
+
+@pytest.fixture(params=["sentinel", "cluster"])
+def topology(
+    request: pytest.FixtureRequest,
+) -> Iterator[RedisSentinels | RedisClusterNodes]:
+    manager: AbstractContextManager[RedisSentinels | RedisClusterNodes]
+    if request.param == "sentinel":
+        manager = running_sentinels(down_after_ms=1000, failover_timeout_ms=3000)
+    else:
+        manager = running_cluster(3, replicas=1, node_timeout=1000)
+    with manager as running:
+        yield running
+
+
+@pytest.mark.timeout(120)
+def test_a_redis_failover_then_a_dead_replica_still_resume_exactly(
+    topology: RedisSentinels | RedisClusterNodes, chaos: ChaosUpstream, tmp_path: Path
+) -> None:
+    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, topology.url)
+    chaos.requests.clear()
+    model = "chaos:text=400,seed=71,pace_ms=20,rechunk=1"
+    with Replicas(config, tmp_path) as replicas:
+        a, b = replicas.start("A", "B")
+        received = Received()
+        with sdk(a) as client_a:
+            run_id, stream = start(client_a, model, received, 10)
+            primary: RedisServer = (
+                topology.primary_of(f"rg:{{{run_id}}}:state")
+                if isinstance(topology, RedisClusterNodes)
+                else topology.primary()
+            )
+            assert primary.process is not None
+            primary.process.kill()  # SIGKILL: the run's Redis primary is gone
+            primary.process.wait(10)
+            killed = time.monotonic()
+            # The stream goes on through the failover; once it is over, the checkpoint
+            # catches up with everything the client has (rewritten whole).
+            for chunk in stream:
+                received.feed(chunk)
+                checkpoint = _state(topology, run_id) if time.monotonic() - killed > 1 else None
+                if checkpoint is not None and int(str(checkpoint["seq"])) >= received.chunks:
+                    if time.monotonic() - killed > 2:
+                        break
+            else:
+                pytest.fail("the answer ended before the failover was over")
+            a.freeze()
+            a.kill()
+            drain(stream, received)
+        assert received.finish_reasons == [], "A finished before it was killed"
+        checkpoint = _state(topology, run_id)
+        assert checkpoint is not None and int(str(checkpoint["seq"])) >= received.chunks
+        with sdk(b) as client_b:
+            resume(client_b, model, run_id, received)
+        assert_whole_text_answer(received, model)
+        wait_until(lambda: b.resumed("takeover") == 1, "B took the run over")
