@@ -31,8 +31,7 @@ from gateway.recovery.accumulator import (
 )
 from gateway.recovery.events import Chunk
 from gateway.recovery.jsonscan import JsonCompleteness
-from gateway.recovery.plan import Plan, Sent
-from gateway.recovery.seam import SeamRule, Seams, SeamTrimmer
+from gateway.recovery.legs import Legs
 
 IDENTITY_FIELDS = ("id", "created", "model", "system_fingerprint")
 
@@ -55,27 +54,19 @@ class HeldCall:
         return "".join(self.name_parts)
 
 
-class Splicer:
+class Splicer(Legs):
     def __init__(
         self, accumulator: RunAccumulator, *, include_usage: bool, assemble: bool = False
     ) -> None:
-        self.sent = accumulator
+        super().__init__(accumulator)
         self.include_usage = include_usage
         self.assemble = assemble  # a completion is assembled: keep what only it needs
-        self.leg = 0  # upstream responses started, minus one
-        self.finished = False
-        self.seam: SeamTrimmer | None = None
-        self._seams = Seams()
         self._held: dict[int, HeldCall] = {}
         self._ids: set[str] = set()
-        self._dropped: list[str] = []  # in flight when a replica stopped (``restore``)
 
     def restore(self, leg: int, in_flight: list[str]) -> None:
-        """Continue a run rebuilt from a checkpoint: its accumulator is already ``sent``."""
-        self.leg = leg
+        super().restore(leg, in_flight)
         self._ids = {call.id for call in self.sent.tool_calls}
-        self.finished = self.sent.finish_reason is not None
-        self._dropped = in_flight
 
     # -- what recovery needs to know ------------------------------------------------
 
@@ -87,30 +78,11 @@ class Splicer:
         """(name, arguments so far) of the calls in flight: for checkpoints."""
         return [(call.name, call.arguments.text) for call in self._held.values()]
 
-    @property
-    def trimmed(self) -> int:
-        """Characters trimmed at every seam of the run so far."""
-        return self._seams.trimmed
+    def holding(self) -> bool:
+        return bool(self._held)
 
-    def seam_outcomes(self) -> list[str]:
-        """What each decided seam of the run cut ("echo", "restart", "none")."""
-        return self._seams.outcomes()
-
-    def snapshot(self) -> Sent:
-        in_flight = bool(self._held or self._dropped)
-        return Sent(self.sent.text_chars, len(self.sent.tool_calls), in_flight)
-
-    def begin_leg(self, plan: Plan, seam: SeamRule | None = None) -> None:
-        """A new upstream response replaces the broken one.
-
-        ``seam``: what this continuation is known to repeat first (None: nothing, it
-        continues literally; so each of its deltas becomes one client event).
-        """
-        self.leg += 1
+    def forget_leg(self) -> None:
         self._held.clear()  # never sent: the new leg may emit those calls again, whole
-        self._dropped = []
-        continued = plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL)
-        self.seam = self._seams.next_leg(self.sent.text, seam if continued else None)
 
     # -- chunks ---------------------------------------------------------------------
 
@@ -212,11 +184,6 @@ class Splicer:
             out["tool_calls"] = out.get("tool_calls", []) + leftover
         self.sent.finish_reason = finish_reason
         self.finished = True
-
-    def end_leg(self) -> None:
-        """The leg broke: text held at the seam was never sent; the next leg redoes it."""
-        if self.seam is not None:
-            self.seam.discard()
 
     def synthesize_tool_use(self) -> bytes:
         """End the answer with the tool calls the client has (plan SynthesizeToolUse)."""

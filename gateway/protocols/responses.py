@@ -32,8 +32,7 @@ from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
 from gateway.recovery.accumulator import RunAccumulator, ToolCall
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
-from gateway.recovery.plan import Plan, Sent
-from gateway.recovery.seam import SeamRule, Seams, SeamTrimmer
+from gateway.recovery.legs import Legs
 
 USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
 # Events that carry the whole response object: the first leg's are the client's.
@@ -142,13 +141,10 @@ class HeldCall:
     events: list[dict[str, Any]]
 
 
-class ResponsesSplicer:
+class ResponsesSplicer(Legs):
     def __init__(self, accumulator: ResponsesAccumulator, *, model: str | None) -> None:
-        self.sent = accumulator
-        self.leg = 0
-        self.finished = False
-        self.seam: SeamTrimmer | None = None
-        self._seams = Seams()
+        super().__init__(accumulator)
+        self.sent: ResponsesAccumulator = accumulator
         self._model = model
         # This leg's output_index -> the client's item (None: not sent, e.g. reasoning
         # again); a function call is absent until it is released.
@@ -156,16 +152,13 @@ class ResponsesSplicer:
         self._continued: set[int] = set()  # this leg's message items continuing the client's
         self._held: dict[int, HeldCall] = {}
         self._ids: set[str] = {item.id for item in accumulator.items}
-        self._dropped: list[str] = []
 
     # -- what recovery needs to know (as the chat splicer) ----------------------------
 
     def restore(self, leg: int, in_flight: list[str]) -> None:
-        self.leg = leg
+        super().restore(leg, in_flight)
         self._ids = {item.id for item in self.sent.items}
         self._ids |= {call.id for call in self.sent.tool_calls}
-        self.finished = self.sent.finish_reason is not None
-        self._dropped = in_flight
 
     def in_flight(self) -> list[str]:
         names = [_call_name(held) for held in self._held.values()]
@@ -174,29 +167,13 @@ class ResponsesSplicer:
     def held_calls(self) -> list[tuple[str, str]]:
         return [(_call_name(held), _call_arguments(held)) for held in self._held.values()]
 
-    @property
-    def trimmed(self) -> int:
-        return self._seams.trimmed
+    def holding(self) -> bool:
+        return bool(self._held)
 
-    def seam_outcomes(self) -> list[str]:
-        return self._seams.outcomes()
-
-    def snapshot(self) -> Sent:
-        in_flight = bool(self._held or self._dropped)
-        return Sent(self.sent.text_chars, len(self.sent.tool_calls), in_flight)
-
-    def begin_leg(self, plan: Plan, seam: SeamRule | None = None) -> None:
-        self.leg += 1
+    def forget_leg(self) -> None:
         self._held.clear()
-        self._dropped = []
         self._map.clear()
         self._continued.clear()
-        continued = plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL)
-        self.seam = self._seams.next_leg(self.sent.text, seam if continued else None)
-
-    def end_leg(self) -> None:
-        if self.seam is not None:
-            self.seam.discard()
 
     # -- events -----------------------------------------------------------------------
 
