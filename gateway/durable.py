@@ -292,7 +292,9 @@ class LocalRun:
                     # acknowledgement releases it (``flushed``). With the store down,
                     # events go out at once, unprotected (counted).
                     assert writer is not None
-                    if writer.healthy and not self.lost:
+                    if self.lost:
+                        pass  # fenced: what is not released is the new owner's to send
+                    elif writer.healthy:
                         writer.mark(self)
                     else:
                         self._release_unprotected()
@@ -354,8 +356,11 @@ class LocalRun:
         try:
             async for data in self.log.follow(after, ids=ids):
                 yield data
-            adapter, events = self.run.adapter, len(self.log.events)
-            if self.lost and self.status == "detached":
+            adapter, log = self.run.adapter, self.log
+            # The client's next event number: what it was released (an answer whose last
+            # events were never released here did not end for this client).
+            events = log.visible
+            if self.lost and (self.status == "detached" or log.visible < len(log.events)):
                 yield self._runs.lost_event(self.id, adapter, events)
             elif self._stopped and self.status == "detached":
                 yield self._runs.shutdown_event(self.id, adapter, events)
@@ -451,7 +456,8 @@ class LocalRun:
 
     def unflushed(self) -> None:
         """A write of this run failed: what its clients wait for goes out unprotected."""
-        self._release_unprotected()
+        if not self.lost:
+            self._release_unprotected()
 
     def flushed(self, flush: Flush, watched: bool) -> None:
         self._flushed_seq = flush.last_seq

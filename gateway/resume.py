@@ -238,7 +238,8 @@ class Runs:
         if self.writer is not None and not local.lost and not self.writer.write_in_process(local):
             local.checkpoint()
         if local.alias is not None:
-            self.aliases.pop(local.alias, None)
+            if self.store is not None:  # else it goes with the local run, below
+                self.aliases.pop(local.alias, None)
             if local.run.splicer.leg > 0 and not local.lost:
                 # Remembered long after the run: its upstream's stored copy is cut short.
                 self._set_alias(local.alias, local.id + RECOVERED, RECOVERED_ALIAS_TTL)
@@ -249,7 +250,12 @@ class Runs:
             return
         # No store: a client that dropped just before the end can still fetch it here.
         loop = asyncio.get_running_loop()
-        loop.call_later(self.config.completed_ttl, self.local.pop, local.id, None)
+        loop.call_later(self.config.completed_ttl, self._forget, local)
+
+    def _forget(self, local: LocalRun) -> None:
+        self.local.pop(local.id, None)
+        if local.alias is not None:
+            self.aliases.pop(local.alias, None)
 
     # -- resume -------------------------------------------------------------------
 
@@ -346,8 +352,10 @@ class Runs:
         if _finished(checkpoint):
             self._count("replay", "ok")
             return self._replay(checkpoint, after, ids)
-        route = self._router.resolve(record.body.get("model"))
         adapter = adapter_named(record.protocol)
+        # The legs that serve the run's protocol, as its first owner had them: the
+        # checkpoint's leg is a position among those.
+        route = self._router.resolve(record.body.get("model")).serving(adapter.name)
         run = Run(
             run_id=run_id,
             adapter=adapter,
@@ -383,7 +391,11 @@ class Runs:
         local = self.adopt(
             run,
             credential,
-            RunLog(adapter.ends, checkpoint.events, gated=self.config.durability == "sync"),
+            RunLog(
+                adapter.ends,
+                checkpoint.events,
+                gated=self.shared and self.config.durability == "sync",
+            ),
             created=record.created,
             resume=cause,
             epoch=epoch,

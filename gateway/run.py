@@ -362,8 +362,9 @@ class Run:
     def _count_tokens(self) -> None:
         for leg, usage in self.accumulator.usage_by_leg.items():
             if leg not in self._restored_legs:
-                for kind in ("prompt", "completion"):
-                    tokens = usage.get(f"{kind}_tokens")
+                # Chat's names, or the Responses and Messages ones.
+                for kind, other in (("prompt", "input"), ("completion", "output")):
+                    tokens = usage.get(f"{kind}_tokens", usage.get(f"{other}_tokens"))
                     if isinstance(tokens, int) and tokens > 0:
                         self._metrics.tokens.labels(kind, str(leg)).inc(tokens)
 

@@ -20,6 +20,7 @@ such a request gets a clear 409, for 30 days (the Responses API's retention).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -30,9 +31,11 @@ from gateway.api.answer import answer, asked
 from gateway.api.passthrough import passthrough
 from gateway.api.runs import RunStream, no_events, parse_offset, resume_run
 from gateway.context import Gateway, gateway_of
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, ServiceUnavailable
 from gateway.protocols import RESPONSES
 from gateway.protocols.responses import input_items
+
+logger = logging.getLogger("gateway.responses")
 
 
 class ResponseCutShort(GatewayError):
@@ -84,7 +87,13 @@ async def _whole_context(
     gateway: Gateway, body: dict[str, Any], previous: str, credential: str | None
 ) -> dict[str, Any]:
     """``body`` with a recovered ``previous_response_id`` replaced by its whole context."""
-    found = await gateway.runs.lookup(previous)
+    try:
+        found = await gateway.runs.lookup(previous)
+    except ServiceUnavailable:
+        # The store is down: requests go on (section 5); whether that answer was
+        # recovered is unknown for now, so the upstream's copy is used.
+        logger.warning("previous_response_id not checked: the checkpoint store is unavailable")
+        return body
     if found is None or not found[1]:
         return body  # the upstream's stored copy is whole
     run_id, _ = found
@@ -133,6 +142,7 @@ def _cut_short(response_id: str) -> ResponseCutShort:
     return ResponseCutShort(
         f"Response {response_id!r} was completed by the gateway after its upstream stream "
         "broke, so the upstream's stored copy of it is cut short, and the gateway's own "
-        "copy has expired. Send the conversation as 'input' instead of "
+        "copy is not available here (it expired, or another replica served it). Send the "
+        "conversation as 'input' instead of "
         "'previous_response_id' (the whole answer is in the response you received)."
     )

@@ -42,6 +42,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
 
 OWNER_KEY = "rg:owner-key"
+CLUSTER_RUN_TIMEOUT = 1.0  # seconds one run's write may take on a Cluster (the writer's: 2)
 
 # KEYS: record, events, state, lease, watch, epoch per run; ARGV: _write_args per run.
 # Returns, per run, an ``Applied``: 2 if fenced out, else whether a replica watches it.
@@ -247,8 +248,7 @@ class RedisStore:
             # a run whose slot cannot be written (its primary died, and no replica has
             # taken over yet) fails alone: the others' writes stand.
             replies = await asyncio.gather(
-                *(self._write_script(_keys(f.run_id), _write_args(f)) for f in flushes),
-                return_exceptions=True,
+                *(self._write_run(f) for f in flushes), return_exceptions=True
             )
             failures = [reply for reply in replies if isinstance(reply, BaseException)]
             if failures and len(failures) == len(replies):
@@ -265,6 +265,12 @@ class RedisStore:
         # The whole batch in one command: redis-py spends ~30 µs per command it
         # packs and parses, so six commands per run would cost more than Redis.
         return [Applied(applied) for applied in await self._write_script(keys, args)]
+
+    async def _write_run(self, flush: Flush) -> Any:
+        """One run's flush on a Cluster, bounded: a primary that does not answer (a
+        blackholed node) fails this run, not the whole batch at the writer's timeout."""
+        async with asyncio.timeout(CLUSTER_RUN_TIMEOUT):
+            return await self._write_script(_keys(flush.run_id), _write_args(flush))
 
     async def load(self, run_id: str) -> Checkpoint | None:
         record, events, state, *_ = _keys(run_id)

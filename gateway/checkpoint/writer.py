@@ -120,7 +120,15 @@ class CheckpointWriter:
             self._wake.clear()
             if self._closing:
                 return
-            if await self.write_due():
+            try:
+                written = await self.write_due()
+            except Exception:  # a bug, not the store: streams must not wait on a dead writer
+                logger.exception("checkpoint writer failed; streams go on without checkpoints")
+                self.healthy = False
+                for run in {**self._owned, **self._due}.values():
+                    run.unflushed()
+                written = False
+            if written:
                 backoff = 0.1
             else:
                 await asyncio.sleep(backoff)  # the store is down: retry, a little later each time

@@ -72,6 +72,8 @@ class Item:
     text: list[str] = field(default_factory=list)  # a message's output_text
     refusal: list[str] = field(default_factory=list)
     parts: int = 0  # content parts the client was told of (a message)
+    text_done: bool = False  # its output_text.done went out: no more text joins it
+    part_done: bool = False  # its content_part.done went out
     summary: dict[int, list[str]] = field(default_factory=dict)  # a reasoning item's
 
     def add_summary(self, index: Any, delta: str) -> None:
@@ -118,7 +120,7 @@ class ResponsesAccumulator(RunAccumulator):
     def open_message(self) -> Item | None:
         for item in reversed(self.items):
             if item.type == "message":
-                return item if item.done is None else None
+                return item if item.done is None and not item.text_done else None
         return None
 
     def output(self) -> list[dict[str, Any]]:
@@ -150,6 +152,9 @@ class ResponsesSplicer(Legs):
         # again); a function call is absent until it is released.
         self._map: dict[int, Item | None] = {}
         self._continued: set[int] = set()  # this leg's message items continuing the client's
+        # A later leg's new message, held (added, part added) until it has text to show:
+        # a continuation that only repeats the anchor must not leave an empty message.
+        self._pending: dict[int, list[dict[str, Any]]] = {}
         self._held: dict[int, HeldCall] = {}
         self._ids: set[str] = {item.id for item in accumulator.items}
 
@@ -174,6 +179,7 @@ class ResponsesSplicer(Legs):
         self._held.clear()
         self._map.clear()
         self._continued.clear()
+        self._pending.clear()
 
     # -- events -----------------------------------------------------------------------
 
@@ -186,6 +192,8 @@ class ResponsesSplicer(Legs):
         if type(index) is int:
             if index in self._held:
                 return self._hold(index, obj)
+            if index in self._pending:
+                return self._pending_event(chunk, kind, index)
             item = self._map.get(index, _UNSEEN)
             if item is None:
                 return None  # an item the client is not sent (reasoning again)
@@ -239,6 +247,9 @@ class ResponsesSplicer(Legs):
                 # The continuation's text goes on in the message the client has open.
                 self._map[index] = open_message
                 self._continued.add(index)
+                return None
+            if self.leg > 0:
+                self._pending[index] = [obj]
                 return None
         client = self._new_item(item)
         self._map[index] = client
@@ -316,8 +327,14 @@ class ResponsesSplicer(Legs):
         text = "".join(item.text)
         placed = self._placed(obj, item)
         if kind == "response.output_text.done":
+            if item.text_done:
+                return out or None  # said already, before a break
+            item.text_done = True
             placed["text"] = text
         elif kind == "response.content_part.done":
+            if item.part_done:
+                return out or None
+            item.part_done = True
             part = placed.get("part")
             if type(part) is dict and part.get("type") == "output_text":
                 placed["part"] = part | {"text": text}
@@ -325,6 +342,44 @@ class ResponsesSplicer(Legs):
             item.done = item.message("completed")
             placed["item"] = item.done
         return out + self._render(placed)
+
+    def _pending_event(self, chunk: Chunk, kind: str, index: int) -> bytes | None:
+        """An event of a later leg's new message that has shown no text yet."""
+        obj, pending = chunk.obj, self._pending[index]
+        if kind == "response.content_part.added":
+            pending.append(obj)
+            return None
+        text = ""
+        if kind == "response.output_text.delta":
+            delta = obj.get("delta")
+            text = delta if type(delta) is str else ""
+            if self.seam is not None:
+                text = self.seam.feed(text)
+        elif kind == "response.output_text.done" and self.seam is not None:
+            text = self.seam.flush()
+        if not text and kind != "response.refusal.delta":
+            if kind == "response.output_item.done":  # it said nothing new: never shown
+                del self._pending[index]
+                self._map[index] = None
+            return None
+        # Something to show at last: the item, its part, then this event.
+        del self._pending[index]
+        item = self._new_item(pending[0]["item"])
+        item.added = item.added | {"content": []}
+        self._map[index] = item
+        out = self._render(pending[0] | {"output_index": item.index, "item": item.added})
+        for part in pending[1:]:
+            item.parts += 1
+            out += self._render(self._placed(part, item))
+        if kind == "response.output_text.delta":
+            item.text.append(text)
+            self.sent.add_text(text)
+            return out + self._render(self._placed(obj | {"delta": text}, item))
+        if text:  # released by the seam as the text ended
+            item.text.append(text)
+            self.sent.add_text(text)
+            out += self._render(self._text_delta(item, text))
+        return out + (self._message_event(chunk, kind, index, item) or b"")
 
     def _text_delta(self, item: Item, delta: str) -> dict[str, Any]:
         return {
@@ -420,10 +475,13 @@ class ResponsesSplicer(Legs):
         text = "".join(item.text)
         base = {"item_id": item.id, "output_index": item.index, "content_index": 0}
         out = b""
-        if item.parts:
+        if item.parts and not item.text_done:
+            item.text_done = True
             out += self._render(
                 base | {"type": "response.output_text.done", "text": text, "logprobs": []}
             )
+        if item.parts and not item.part_done:
+            item.part_done = True
             part = {"type": "output_text", "text": text, "annotations": []}
             out += self._render(base | {"type": "response.content_part.done", "part": part})
         item.done = item.message("completed")
@@ -439,15 +497,21 @@ class ResponsesSplicer(Legs):
         return b""  # the terminal event went out with the answer's end
 
     def fail(self, error: GatewayError) -> bytes:
-        sent = self.sent
+        sent, out = self.sent, b""
         if sent.response is None:
+            # Nothing was sent: a response of the gateway's own, created so that a client
+            # (the SDK's stream helper expects response.created first) reads the failure.
             sent.response = {
                 "id": f"resp_{uuid.uuid4().hex}",
                 "object": "response",
                 "created_at": int(time.time()),
+                "status": "in_progress",
                 "model": self._model,
                 "output": [],
             }
+            sent.identity = {k: sent.response[k] for k in ("id", "created_at", "model")}
+            created = {"type": "response.created", "response": sent.response}
+            out = self._render(created)
         body = error.body()["error"]
         failed = sent.response_object("failed")
         failed["error"] = {"code": body.get("code") or "server_error", "message": body["message"]}
@@ -458,7 +522,11 @@ class ResponsesSplicer(Legs):
             "param": None,
         }
         self.finished = True
-        return self._render(event) + self._render({"type": "response.failed", "response": failed})
+        return (
+            out
+            + self._render(event)
+            + self._render({"type": "response.failed", "response": failed})
+        )
 
     # -- output -----------------------------------------------------------------------
 
@@ -538,11 +606,10 @@ def input_items(body: dict[str, Any]) -> list[Any]:
 
 
 def for_continuation(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` ready to be continued: ``input`` as a list of items, and no
-    ``previous_response_id`` (the upstream's stored copy is not the client's conversation)."""
-    continued = body | {"input": input_items(body)}
-    continued.pop("previous_response_id", None)
-    return continued
+    """``body`` ready to be continued: ``input`` as a list of items. A
+    ``previous_response_id`` stays: it is the conversation the answer continues (an
+    agent's ``function_call_output`` items refer to calls it holds)."""
+    return body | {"input": input_items(body)}
 
 
 # -- replay and the assembled answer ----------------------------------------------------

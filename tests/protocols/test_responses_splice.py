@@ -282,3 +282,59 @@ def test_decoding_in_band_failures() -> None:
     assert isinstance(event, InBandError) and event.message == "y"
     assert RESPONSES.is_terminal(b"event: response.completed\ndata: {}\n\n")
     assert not RESPONSES.succeeded(b"event: response.failed\ndata: {}\n\n")
+
+
+def test_a_continuation_that_only_repeats_the_anchor_adds_no_empty_message() -> None:
+    # The break came after the message was done and before response.completed.
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    out = feed(
+        splicer,
+        first.created()
+        + first.message(0, "msg_a", "one two")
+        + first.message_done(0, "msg_a", "one two"),
+    )
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, SeamRule("two", restart=True))
+    out += feed(
+        splicer,
+        second.created()
+        + second.message(0, "msg_b", "two")
+        + second.message_done(0, "msg_b", "two")
+        + [second.completed(1)],
+    )
+    sent = events(out)
+    assert [e["type"] for e in sent].count("response.output_item.added") == 1
+    assert [item["id"] for item in sent[-1]["response"]["output"]] == ["msg_a"]
+    assert splicer.sent.text == "one two"
+
+
+def test_text_after_a_message_said_its_text_was_done_goes_into_a_new_one() -> None:
+    # The break came between output_text.done and output_item.done.
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    done = first.message_done(0, "msg_a", "one")
+    out = feed(splicer, first.created() + first.message(0, "msg_a", "one") + done[:1])
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, None)
+    out += feed(
+        splicer,
+        second.message(0, "msg_b", " two")
+        + second.message_done(0, "msg_b", " two")
+        + [second.completed(1)],
+    )
+    sent = events(out)
+    text_done = [e for e in sent if e["type"] == "response.output_text.done"]
+    assert [(e["item_id"], e["text"]) for e in text_done] == [("msg_a", "one"), ("msg_b", " two")]
+    output = sent[-1]["response"]["output"]
+    assert [(i["id"], i["content"][0]["text"]) for i in output] == [
+        ("msg_a", "one"),
+        ("msg_b", " two"),
+    ]
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+
+
+def test_a_failure_before_anything_was_sent_still_starts_with_response_created() -> None:
+    splicer = new()
+    sent = events(splicer.fail(UpstreamFailure("Upstream 'x' is unreachable.")))
+    assert [e["type"] for e in sent] == ["response.created", "error", "response.failed"]
+    assert sent[0]["response"]["id"] == sent[2]["response"]["id"]
+    assert [e["sequence_number"] for e in sent] == [0, 1, 2]
