@@ -203,6 +203,12 @@ def test_an_answer_that_cannot_be_completed_ends_with_error_and_failed(sdk: Open
     failed = streamed.events[-1].response
     assert failed.status == "failed" and "incomplete" in failed.error.message
     assert expected_answer(model).text.startswith(streamed.text()) and streamed.text()
+    # The SDK's stream helper raises: the answer never looks complete.
+    with pytest.raises(RuntimeError, match="response.completed"):
+        with sdk.responses.stream(model=model, input="x") as events:
+            for _ in events:
+                pass
+            events.get_final_response()
 
 
 def test_a_route_whose_upstreams_speak_chat_only_says_so(chaos: ChaosUpstream) -> None:
