@@ -36,6 +36,7 @@ from tests.durable.two_replicas import (
     AUTH,
     continued_prefix,
     drain,
+    read_events,
     sdk,
     state,
 )
@@ -221,21 +222,7 @@ def test_event_source_resume_after_a_crash_is_exact(
                 complete, buffer = sse_events(buffer + data)
                 before += complete
     assert len(before) <= seq, "the client got ahead of the checkpoint"
-    events: list[tuple[int, bytes]] = []
-    url = f"{b.base_url}/runs/{run_id}/events"
-    with (
-        httpx.Client(timeout=DEADLINE) as http,
-        http.stream("GET", url, headers=AUTH | {"last-event-id": str(len(before))}) as rest,
-    ):
-        assert rest.status_code == 200
-        number = None
-        for line in rest.iter_lines():
-            if line.startswith("id: "):
-                number = int(line[4:])
-            elif line.startswith("data: "):
-                assert number is not None, "an event without an id"
-                events.append((number, line[6:].encode()))
-                number = None
+    events = read_events(f"{b.base_url}/runs/{run_id}/events", len(before))
     assert [n for n, _ in events] == list(range(len(before) + 1, len(before) + 1 + len(events)))
     assert events[-1][1] == b"[DONE]"
     text, finishes = chat_text(before + [data for _, data in events])

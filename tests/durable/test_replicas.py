@@ -33,6 +33,7 @@ from tests.durable.two_replicas import (
     continued_prefix,
     drain,
     lease_held,
+    read_events,
     sdk,
     state,
 )
@@ -81,22 +82,7 @@ def test_event_source_resume_on_another_replica_tails_with_consecutive_ids(
             before += complete
             if len(before) >= 9:
                 break
-    events: list[tuple[int, bytes]] = []
-    url = f"{b.base_url}/runs/{run_id}/events"
-    last_event_id = {"last-event-id": str(len(before))}
-    with (
-        httpx.Client(timeout=DEADLINE) as http,
-        http.stream("GET", url, headers=AUTH | last_event_id) as rest,
-    ):
-        assert rest.status_code == 200
-        number = None
-        for line in rest.iter_lines():
-            if line.startswith("id: "):
-                number = int(line[4:])
-            elif line.startswith("data: "):
-                assert number is not None, "an event without an id"
-                events.append((number, line[6:].encode()))
-                number = None
+    events = read_events(f"{b.base_url}/runs/{run_id}/events", len(before))
     assert [n for n, _ in events] == list(range(len(before) + 1, len(before) + 1 + len(events)))
     assert events[-1][1] == b"[DONE]"
     payloads = [e.removeprefix(b"data: ") for e in before] + [d for _, d in events[:-1]]

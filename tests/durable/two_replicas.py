@@ -55,3 +55,23 @@ def continued_prefix(request: RecordedRequest) -> str:
     assert len(assistant) == 1, request.body
     prefix: str = assistant[0]["content"]
     return prefix
+
+
+def read_events(url: str, after: int) -> list[tuple[int, bytes]]:
+    """A run's rest from ``GET /v1/runs/{id}/events`` with ``Last-Event-ID: after``:
+    (id, data) of each event; every event must carry an id."""
+    events: list[tuple[int, bytes]] = []
+    with (
+        httpx.Client(timeout=DEADLINE) as http,
+        http.stream("GET", url, headers=AUTH | {"last-event-id": str(after)}) as rest,
+    ):
+        assert rest.status_code == 200
+        number = None
+        for line in rest.iter_lines():
+            if line.startswith("id: "):
+                number = int(line[4:])
+            elif line.startswith("data: "):
+                assert number is not None, "an event without an id"
+                events.append((number, line[6:].encode()))
+                number = None
+    return events

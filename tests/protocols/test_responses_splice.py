@@ -7,12 +7,8 @@ from typing import Any
 import orjson
 
 from gateway.errors import UpstreamFailure
-from gateway.protocols.responses import (
-    RESPONSES,
-    ResponsesAccumulator,
-    ResponsesSplicer,
-    frame,
-)
+from gateway.protocols.responses import RESPONSES
+from gateway.protocols.responses_splice import ResponsesAccumulator, ResponsesSplicer, frame
 from gateway.recovery.events import Chunk, InBandError
 from gateway.recovery.plan import Plan
 from gateway.recovery.seam import SeamRule

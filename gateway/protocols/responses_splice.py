@@ -1,0 +1,545 @@
+"""The Responses client stream: one answer spliced from one or more upstream legs (section 2a).
+
+Pure, like the chat splicer: upstream events in, client events out, and a record of
+what was sent in the run's ``ResponsesAccumulator``. See ``gateway.protocols.responses``
+for what the client is promised and the rest of the adapter.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.errors import GatewayError
+from gateway.recovery.accumulator import RunAccumulator, ToolCall
+from gateway.recovery.events import Chunk
+from gateway.recovery.legs import Legs
+
+USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
+# Events that carry the whole response object: the first leg's are the client's.
+LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+TERMINAL = frozenset({"response.completed", "response.incomplete"})
+TEXT_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+_REASONING_DELTAS = frozenset(
+    {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
+)
+# Events of a message item that the gateway renders itself from the client's text.
+_MESSAGE_DONE = frozenset(
+    {"response.output_text.done", "response.content_part.done", "response.output_item.done"}
+)
+
+
+def frame(kind: str, payload: bytes) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+@dataclass(slots=True)
+class Item:
+    """One output item as the client has it."""
+
+    index: int
+    id: str
+    type: str
+    added: dict[str, Any]  # the item as its output_item.added said
+    done: dict[str, Any] | None = None  # as its output_item.done said (whole), once sent
+    text: list[str] = field(default_factory=list)  # a message's output_text
+    refusal: list[str] = field(default_factory=list)
+    parts: int = 0  # content parts the client was told of (a message)
+    text_done: bool = False  # its output_text.done went out: no more text joins it
+    part_done: bool = False  # its content_part.done went out
+    summary: dict[int, list[str]] = field(default_factory=dict)  # a reasoning item's
+
+    def add_summary(self, index: Any, delta: str) -> None:
+        self.summary.setdefault(index if type(index) is int else 0, []).append(delta)
+
+    def final(self) -> dict[str, Any]:
+        """The item for a terminal event's ``output``."""
+        if self.type == "message":
+            return self.message("completed" if self.done is not None else "incomplete")
+        if self.done is not None:
+            return self.done
+        unfinished = dict(self.added)
+        if "status" in unfinished:
+            unfinished["status"] = "incomplete"
+        if self.summary:  # reasoning cut short: what the client was sent of it
+            unfinished["summary"] = [
+                {"type": "summary_text", "text": "".join(self.summary[i])}
+                for i in sorted(self.summary)
+            ]
+        return unfinished
+
+    def message(self, status: str) -> dict[str, Any]:
+        content: list[dict[str, Any]] = [
+            {"type": "output_text", "text": "".join(self.text), "annotations": []}
+        ]
+        if self.refusal:
+            content.append({"type": "refusal", "refusal": "".join(self.refusal)})
+        return self.added | {"status": status, "content": content}
+
+
+class ResponsesAccumulator(RunAccumulator):
+    """What the client was sent, with the Responses-only parts: items and numbering."""
+
+    usage_counts = USAGE_COUNTS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.response: dict[str, Any] | None = None  # the first leg's response object
+        self.items: list[Item] = []
+        self.seq = 0  # events sent: the next sequence_number
+        self.status: str | None = None
+        self.incomplete_details: Any = None
+
+    def open_message(self) -> Item | None:
+        for item in reversed(self.items):
+            if item.type == "message":
+                return item if item.done is None and not item.text_done else None
+        return None
+
+    def output(self) -> list[dict[str, Any]]:
+        return [item.final() for item in self.items]
+
+    def response_object(self, status: str) -> dict[str, Any]:
+        response = dict(self.response or {})
+        response["status"] = status
+        response["output"] = self.output()
+        response["usage"] = self.usage
+        if status == "incomplete":
+            response["incomplete_details"] = self.incomplete_details
+        return response
+
+
+@dataclass(slots=True)
+class HeldCall:
+    """A function call of the current leg, held until its output_item.done."""
+
+    events: list[dict[str, Any]]
+
+
+class ResponsesSplicer(Legs):
+    def __init__(self, accumulator: ResponsesAccumulator, *, model: str | None) -> None:
+        super().__init__(accumulator)
+        self.sent: ResponsesAccumulator = accumulator
+        self._model = model
+        # This leg's output_index -> the client's item (None: not sent, e.g. reasoning
+        # again); a function call is absent until it is released.
+        self._map: dict[int, Item | None] = {}
+        self._continued: set[int] = set()  # this leg's message items continuing the client's
+        # A later leg's new message, held (added, part added) until it has text to show:
+        # a continuation that only repeats the anchor must not leave an empty message.
+        self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._held: dict[int, HeldCall] = {}
+        self._ids: set[str] = {item.id for item in accumulator.items}
+
+    # -- what recovery needs to know (as the chat splicer) ----------------------------
+
+    def restore(self, leg: int, in_flight: list[str]) -> None:
+        super().restore(leg, in_flight)
+        self._ids = {item.id for item in self.sent.items}
+        self._ids |= {call.id for call in self.sent.tool_calls}
+
+    def in_flight(self) -> list[str]:
+        names = [_call_name(held) for held in self._held.values()]
+        return self._dropped + names
+
+    def held_calls(self) -> list[tuple[str, str]]:
+        return [(_call_name(held), _call_arguments(held)) for held in self._held.values()]
+
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def forget_leg(self) -> None:
+        self._held.clear()
+        self._map.clear()
+        self._continued.clear()
+        self._pending.clear()
+
+    # -- events -----------------------------------------------------------------------
+
+    def feed(self, chunk: Chunk) -> bytes | None:
+        obj = chunk.obj
+        kind = obj.get("type")
+        if type(kind) is not str or self.finished:
+            return None
+        index = obj.get("output_index")
+        if type(index) is int:
+            if index in self._held:
+                return self._hold(index, obj)
+            if index in self._pending:
+                return self._pending_event(chunk, kind, index)
+            item = self._map.get(index, _UNSEEN)
+            if item is None:
+                return None  # an item the client is not sent (reasoning again)
+            if item is not _UNSEEN:
+                return self._item_event(chunk, kind, index, item)
+            if kind == "response.output_item.added":
+                return self._added(chunk, index)
+            return None  # an event for an item that was never added: nothing to attach it to
+        if kind in LIFECYCLE:
+            return self._lifecycle(chunk, kind)
+        if kind in TERMINAL:
+            return self._terminal(obj, kind)
+        if self.leg == 0:  # anything else of the response itself: as it came
+            return self._emit(chunk, obj)
+        return None
+
+    def _lifecycle(self, chunk: Chunk, kind: str) -> bytes | None:
+        sent = self.sent
+        response = chunk.obj.get("response")
+        if type(response) is not dict:
+            return None
+        if sent.response is None:
+            sent.response = response | {"output": [], "usage": None}
+            sent.identity = {k: response.get(k) for k in ("id", "created_at", "model")}
+            sent.role = "assistant"
+            return self._emit(chunk, chunk.obj)
+        if self.leg == 0 and kind != "response.created":
+            return self._emit(chunk, chunk.obj | {"response": self._client_response(response)})
+        return None  # a later leg's own identity: the client keeps the first
+
+    def _client_response(self, response: dict[str, Any]) -> dict[str, Any]:
+        identity = self.sent.identity or {}
+        return response | identity
+
+    def _added(self, chunk: Chunk, index: int) -> bytes | None:
+        obj = chunk.obj
+        item = obj.get("item")
+        if type(item) is not dict:
+            return None
+        kind = item.get("type")
+        sent = self.sent
+        if kind == "function_call":
+            self._held[index] = HeldCall([obj])
+            return None
+        if kind == "reasoning" and self.leg > 0 and any(i.type == "reasoning" for i in sent.items):
+            self._map[index] = None  # the client has the first leg's reasoning
+            return None
+        if kind == "message":
+            open_message = sent.open_message()
+            if open_message is not None and self.leg > 0:
+                # The continuation's text goes on in the message the client has open.
+                self._map[index] = open_message
+                self._continued.add(index)
+                return None
+            if self.leg > 0:
+                self._pending[index] = [obj]
+                return None
+        client = self._new_item(item)
+        self._map[index] = client
+        if kind == "message":
+            client.added = client.added | {"content": []}
+        return self._emit(chunk, obj | {"output_index": client.index, "item": client.added})
+
+    def _new_item(self, item: dict[str, Any]) -> Item:
+        sent = self.sent
+        item_id = item.get("id")
+        item_id = item_id if type(item_id) is str and item_id else f"item_{len(sent.items)}"
+        if item_id in self._ids:  # a later leg reused an id the client already has
+            item_id = f"{item_id}_{len(sent.items)}"
+        self._ids.add(item_id)
+        client = Item(len(sent.items), item_id, str(item.get("type")), item | {"id": item_id})
+        sent.items.append(client)
+        return client
+
+    def _item_event(self, chunk: Chunk, kind: str, index: int, item: Item) -> bytes | None:
+        obj = chunk.obj
+        if item.type == "message":
+            return self._message_event(chunk, kind, index, item)
+        if kind in _REASONING_DELTAS:
+            delta = obj.get("delta")
+            if type(delta) is str and delta:
+                self.sent.add_reasoning("reasoning", delta)
+                item.add_summary(obj.get("summary_index"), delta)
+        elif kind == "response.output_item.done":
+            done = obj.get("item")
+            if type(done) is dict:
+                item.done = done | {"id": item.id}
+                return self._emit(chunk, obj | {"output_index": item.index, "item": item.done})
+        return self._emit(chunk, self._placed(obj, item))
+
+    def _message_event(self, chunk: Chunk, kind: str, index: int, item: Item) -> bytes | None:
+        obj = chunk.obj
+        continued = index in self._continued
+        if kind == "response.output_text.delta":
+            delta = obj.get("delta")
+            if type(delta) is not str:
+                return None
+            if self.seam is not None:
+                delta = self.seam.feed(delta)
+            if not delta:
+                return None
+            item.text.append(delta)
+            self.sent.add_text(delta)
+            if delta != obj["delta"]:
+                obj = obj | {"delta": delta}
+            return self._emit(chunk, self._placed(obj, item))
+        if kind == "response.refusal.delta":
+            delta = obj.get("delta")
+            if type(delta) is str:
+                item.refusal.append(delta)
+                self.sent.add_refusal(delta)
+            return self._emit(chunk, self._placed(obj, item))
+        if kind == "response.content_part.added":
+            if continued and item.parts:
+                return None  # the client's part goes on
+            item.parts += 1
+            return self._emit(chunk, self._placed(obj, item))
+        if kind in _MESSAGE_DONE:
+            return self._message_done(obj, kind, item)
+        return self._emit(chunk, self._placed(obj, item))
+
+    def _message_done(self, obj: dict[str, Any], kind: str, item: Item) -> bytes | None:
+        """A message's done events, with the whole text the client has."""
+        out = b""
+        if kind == "response.output_text.done" and self.seam is not None:
+            rest = self.seam.flush()
+            if rest:  # held at the seam: released before the text is said to be done
+                item.text.append(rest)
+                self.sent.add_text(rest)
+                out += self._render(self._text_delta(item, rest))
+        text = "".join(item.text)
+        placed = self._placed(obj, item)
+        if kind == "response.output_text.done":
+            if item.text_done:
+                return out or None  # said already, before a break
+            item.text_done = True
+            placed["text"] = text
+        elif kind == "response.content_part.done":
+            if item.part_done:
+                return out or None
+            item.part_done = True
+            part = placed.get("part")
+            if type(part) is dict and part.get("type") == "output_text":
+                placed["part"] = part | {"text": text}
+        else:
+            item.done = item.message("completed")
+            placed["item"] = item.done
+        return out + self._render(placed)
+
+    def _pending_event(self, chunk: Chunk, kind: str, index: int) -> bytes | None:
+        """An event of a later leg's new message that has shown no text yet."""
+        obj, pending = chunk.obj, self._pending[index]
+        if kind == "response.content_part.added":
+            pending.append(obj)
+            return None
+        text = ""
+        if kind == "response.output_text.delta":
+            delta = obj.get("delta")
+            text = delta if type(delta) is str else ""
+            if self.seam is not None:
+                text = self.seam.feed(text)
+        elif kind == "response.output_text.done" and self.seam is not None:
+            text = self.seam.flush()
+        if not text and kind != "response.refusal.delta":
+            if kind == "response.output_item.done":  # it said nothing new: never shown
+                del self._pending[index]
+                self._map[index] = None
+            return None
+        # Something to show at last: the item, its part, then this event.
+        del self._pending[index]
+        item = self._new_item(pending[0]["item"])
+        item.added = item.added | {"content": []}
+        self._map[index] = item
+        out = self._render(pending[0] | {"output_index": item.index, "item": item.added})
+        for part in pending[1:]:
+            item.parts += 1
+            out += self._render(self._placed(part, item))
+        if kind == "response.output_text.delta":
+            item.text.append(text)
+            self.sent.add_text(text)
+            return out + self._render(self._placed(obj | {"delta": text}, item))
+        if text:  # released by the seam as the text ended
+            item.text.append(text)
+            self.sent.add_text(text)
+            out += self._render(self._text_delta(item, text))
+        return out + (self._message_event(chunk, kind, index, item) or b"")
+
+    def _text_delta(self, item: Item, delta: str) -> dict[str, Any]:
+        return {
+            "type": "response.output_text.delta",
+            "item_id": item.id,
+            "output_index": item.index,
+            "content_index": 0,
+            "delta": delta,
+            "logprobs": [],
+        }
+
+    def _hold(self, index: int, obj: dict[str, Any]) -> bytes | None:
+        held = self._held[index]
+        held.events.append(obj)
+        if obj.get("type") != "response.output_item.done":
+            return None
+        del self._held[index]
+        done = obj.get("item")
+        added = held.events[0].get("item")
+        if type(done) is not dict or type(added) is not dict:
+            return None
+        sent = self.sent
+        item = self._new_item(added | {"arguments": ""})
+        call_id = done.get("call_id")
+        call_id = call_id if type(call_id) is str and call_id else f"call_{len(sent.tool_calls)}"
+        if any(call.id == call_id for call in sent.tool_calls):
+            call_id = f"{call_id}_{len(sent.tool_calls)}"
+        item.added = item.added | {"call_id": call_id}
+        item.done = done | {"id": item.id, "call_id": call_id}
+        name, arguments = str(done.get("name") or ""), str(done.get("arguments") or "")
+        sent.tool_calls.append(ToolCall(len(sent.tool_calls), call_id, name, arguments))
+        self._map[index] = item
+        out = b""
+        for event in held.events:
+            if event.get("type") == "response.output_item.added":
+                event = event | {"item": item.added}
+            elif event.get("type") == "response.output_item.done":
+                event = event | {"item": item.done}
+            out += self._render(self._placed(event, item))
+        return out
+
+    def _placed(self, obj: dict[str, Any], item: Item) -> dict[str, Any]:
+        """``obj`` moved to the client's item: its output_index and item_id."""
+        if obj.get("output_index") == item.index and obj.get("item_id", item.id) == item.id:
+            return obj
+        placed = obj | {"output_index": item.index}
+        if "item_id" in obj:
+            placed["item_id"] = item.id
+        return placed
+
+    def _terminal(self, obj: dict[str, Any], kind: str) -> bytes:
+        response = obj.get("response")
+        response = response if type(response) is dict else {}
+        usage = response.get("usage")
+        if type(usage) is dict:
+            self.sent.set_usage(self.leg, usage)
+        status = "incomplete" if kind == "response.incomplete" else "completed"
+        self.sent.incomplete_details = response.get("incomplete_details")
+        return self._finish(status)
+
+    def _finish(self, status: str) -> bytes:
+        """Close what the client has open, then the one terminal event."""
+        out = b""
+        for item in self.sent.items:
+            if item.done is not None:
+                continue
+            if item.type == "message":
+                if self.seam is not None:
+                    rest = self.seam.flush()
+                    if rest:
+                        item.text.append(rest)
+                        self.sent.add_text(rest)
+                        out += self._render(self._text_delta(item, rest))
+                out += self._close_message(item)
+            else:
+                item.done = item.final()
+                out += self._render(
+                    {
+                        "type": "response.output_item.done",
+                        "output_index": item.index,
+                        "item": item.done,
+                    }
+                )
+        self.sent.status = status
+        self.sent.finish_reason = "tool_calls" if self.sent.tool_calls else "stop"
+        if status == "incomplete":
+            self.sent.finish_reason = "length"
+        self.finished = True
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        return out + self._render({"type": kind, "response": self.sent.response_object(status)})
+
+    def _close_message(self, item: Item) -> bytes:
+        text = "".join(item.text)
+        base = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        out = b""
+        if item.parts and not item.text_done:
+            item.text_done = True
+            out += self._render(
+                base | {"type": "response.output_text.done", "text": text, "logprobs": []}
+            )
+        if item.parts and not item.part_done:
+            item.part_done = True
+            part = {"type": "output_text", "text": text, "annotations": []}
+            out += self._render(base | {"type": "response.content_part.done", "part": part})
+        item.done = item.message("completed")
+        done = {"type": "response.output_item.done", "output_index": item.index}
+        return out + self._render(done | {"item": item.done})
+
+    def synthesize_tool_use(self) -> bytes:
+        """End the answer with the function calls the client has (SynthesizeToolUse)."""
+        self._held.clear()
+        return self._finish("completed")
+
+    def close(self) -> bytes:
+        return b""  # the terminal event went out with the answer's end
+
+    def fail(self, error: GatewayError) -> bytes:
+        sent, out = self.sent, b""
+        if sent.response is None:
+            # Nothing was sent: a response of the gateway's own, created so that a client
+            # (the SDK's stream helper expects response.created first) reads the failure.
+            sent.response = {
+                "id": f"resp_{uuid.uuid4().hex}",
+                "object": "response",
+                "created_at": int(time.time()),
+                "status": "in_progress",
+                "model": self._model,
+                "output": [],
+            }
+            sent.identity = {k: sent.response[k] for k in ("id", "created_at", "model")}
+            created = {"type": "response.created", "response": sent.response}
+            out = self._render(created)
+        body = error.body()["error"]
+        failed = sent.response_object("failed")
+        failed["error"] = {"code": body.get("code") or "server_error", "message": body["message"]}
+        event = {
+            "type": "error",
+            "code": body.get("code"),
+            "message": body["message"],
+            "param": None,
+        }
+        self.finished = True
+        return (
+            out
+            + self._render(event)
+            + self._render({"type": "response.failed", "response": failed})
+        )
+
+    # -- output -----------------------------------------------------------------------
+
+    def _emit(self, chunk: Chunk, obj: dict[str, Any]) -> bytes:
+        """``obj`` as the client's next event: the bytes received when nothing changed."""
+        sent = self.sent
+        if obj is chunk.obj and obj.get("sequence_number") == sent.seq and self.leg == 0:
+            if b"\n" not in chunk.data:  # several data: lines would need re-encoding
+                sent.seq += 1
+                return frame(obj["type"], chunk.data)
+        return self._render(obj)
+
+    def _render(self, obj: dict[str, Any]) -> bytes:
+        sent = self.sent
+        obj = obj | {"sequence_number": sent.seq}
+        sent.seq += 1
+        return frame(str(obj.get("type")), orjson.dumps(obj))
+
+
+_UNSEEN = Item(-1, "", "", {})
+
+
+def _call_name(held: HeldCall) -> str:
+    item = held.events[0].get("item")
+    name = item.get("name") if type(item) is dict else None
+    return name if type(name) is str and name else "unnamed tool"
+
+
+def _call_arguments(held: HeldCall) -> str:
+    parts = [e.get("delta") for e in held.events if e.get("type") in TEXT_DELTAS]
+    return "".join(p for p in parts if type(p) is str)
