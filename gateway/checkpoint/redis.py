@@ -228,6 +228,10 @@ class RedisStore:
             failing = sorted(node for node, state in states.items() if state != "ok")
             if failing:
                 raise ClusterStateError(f"cluster_state not ok on {', '.join(failing)}")
+            # The runs' client learns every node while the cluster is healthy (a no-op
+            # once it has): started lazily, it would know only the node in the URL, and
+            # could not start at all if that node died before its first command.
+            await self._redis.initialize()
             return
         pool = probe.connection_pool
         if isinstance(pool, SentinelConnectionPool):
