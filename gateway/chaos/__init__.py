@@ -1,4 +1,5 @@
-"""The chaos upstream: a real OpenAI-compatible server that breaks streams on request.
+"""The chaos upstream: a real OpenAI- and Anthropic-compatible server that breaks streams
+on request.
 
 The gateway's tests, benchmarks and demo point at it. A request's model name (or
 its ``x-chaos`` header) is a spec, ``chaos:text=40,fault=reset,at=12,times=1``,
@@ -12,13 +13,25 @@ prefix it continued and the text it answered (``RecordedRequest``).
 Modules: ``spec`` (grammar), ``answer`` (content and deltas), ``render`` (bytes),
 ``http11`` (the minimal HTTP/1.1), ``wire`` (writing bodies: batched, paced, split),
 ``faults`` (what each fault sends, and how the socket breaks), ``responses`` (the
-same answers as Responses API events, ``POST /v1/responses``), ``server``
+same answers as Responses API events, ``POST /v1/responses``), ``messages`` (the
+same answers as Anthropic Messages API events, ``POST /v1/messages``), ``server``
 (``ChaosUpstream``), ``runner`` (in a thread, or as the process's server).
+
+``POST /v1/messages`` speaks Anthropic's dialect: the reasoning is a ``thinking``
+block signed per response (``thinking_signature``), the text a ``text`` block, the
+tool calls ``tool_use`` blocks; a trailing assistant message is a prefill to
+continue, without any flag (refused with a 400 if it ends in whitespace, as
+Anthropic does); errors, statuses and in-band ``error`` events alike, have
+Anthropic's shape. In-band faults there: ``error`` an ``overloaded_error`` event,
+``error_fatal`` an ``invalid_request_error`` one, ``error_done`` an ``api_error``
+then ``message_stop``, ``finish_error`` an ``api_error``; ``no_finish`` ends without
+``message_delta``/``message_stop``; ``malformed`` inserts a non-JSON delta event.
 """
 
 from __future__ import annotations
 
 from gateway.chaos.answer import Answer, ToolCall, expected_answer, sampled_answer
+from gateway.chaos.messages import thinking_signature
 from gateway.chaos.runner import run, running_chaos_upstream, serve
 from gateway.chaos.server import ChaosUpstream, RecordedRequest
 from gateway.chaos.spec import ChaosSpec, parse_spec
@@ -35,4 +48,5 @@ __all__ = [
     "running_chaos_upstream",
     "sampled_answer",
     "serve",
+    "thinking_signature",
 ]

@@ -8,6 +8,9 @@ A fault fires after ``at`` content-bearing deltas (text, reasoning, tool-argumen
 fragments; not the role delta or a tool call's header), counted from the start of
 the response; with no ``at`` it fires half-way through the content. A Responses
 stream (``responses.py``) counts the same deltas; its faults are ``break_responses``.
+An Anthropic Messages stream (``messages.py``) counts its ``thinking_delta``,
+``text_delta`` and non-empty ``input_json_delta`` events; its faults are
+``break_messages``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from gateway.chaos import messages
 from gateway.chaos.render import DONE, IN_BAND_ERRORS, MALFORMED
 from gateway.chaos.responses import IN_BAND_ERRORS as RESPONSES_ERRORS
 from gateway.chaos.responses import MALFORMED_EVENT, Event
@@ -98,6 +102,32 @@ def break_responses(
         return sent + [MALFORMED_EVENT] + events[cut:], "end"
     if fault in RESPONSES_ERRORS:
         return sent + [error_event(fault)], "end"
+    if fault == "no_finish":
+        return sent, "end"
+    if fault in _BREAKS:
+        return sent, _BREAKS[fault]
+    raise ValueError(f"not a stream fault: {fault!r}")
+
+
+def break_messages(
+    fault: str | None, cut: int, events: list[messages.Event]
+) -> tuple[list[messages.Event], Ending]:
+    """``break_stream`` for an Anthropic Messages stream (``events`` from ``message_start``
+    to ``message_stop``): the events sent under ``fault``, and how the body ends.
+
+    ``error``, ``error_fatal``, ``error_done`` and ``finish_error`` end with an ``error``
+    event (``messages.IN_BAND_ERRORS``: ``overloaded_error``, ``invalid_request_error``,
+    ``api_error``, ``api_error``), ``error_done``'s followed by ``message_stop``;
+    ``no_finish`` ends the body cleanly without ``message_delta`` and ``message_stop``;
+    ``malformed`` inserts a delta event whose data is not JSON, and the stream goes on.
+    """
+    if fault is None:
+        return events, "end"
+    sent = events[:cut]
+    if fault == "malformed":
+        return sent + [messages.MALFORMED_EVENT] + events[cut:], "end"
+    if fault in messages.IN_BAND_ERRORS:
+        return sent + messages.fault_events(fault), "end"
     if fault == "no_finish":
         return sent, "end"
     if fault in _BREAKS:

@@ -1,4 +1,5 @@
-"""The chaos upstream: an OpenAI-compatible HTTP/1.1 server that breaks streams on request.
+"""The chaos upstream: an OpenAI- and Anthropic-compatible HTTP/1.1 server that breaks
+streams on request.
 
 One task per connection (``asyncio.start_server``); a connection's requests are
 served one at a time. The shared state (recorded requests, ``times=`` counters)
@@ -7,7 +8,11 @@ is only touched from the server's event loop, so it needs no lock.
 A request's spec (``spec.py``) picks its answer and its fault. Faults act on real
 sockets: a RST, a FIN without the last chunk, a stall, in-band errors, error
 statuses; see ``faults.py``. ``/v1/responses`` says the same answer as chat, in
-the Responses API's events (``responses.py``).
+the Responses API's events (``responses.py``); ``/v1/messages`` says it in the
+Anthropic Messages API's events (``messages.py``), where a trailing assistant
+message is a prefill to continue (no flag needed) and every error, an error status
+or an in-band ``error`` event, has Anthropic's shape
+(``{"type":"error","error":{"type","message"}}``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos import render, responses
+from gateway.chaos import messages, render, responses
 from gateway.chaos.answer import (
     Script,
     anchor_of,
@@ -33,12 +38,19 @@ from gateway.chaos.answer import (
     chat_plan,
     echo_of,
     ends_in_prefill,
-    find_prefix,
     legacy_plan,
     script_for,
     turns,
 )
-from gateway.chaos.faults import Ending, break_responses, break_stream, fault_cut, reset, stall
+from gateway.chaos.faults import (
+    Ending,
+    break_messages,
+    break_responses,
+    break_stream,
+    fault_cut,
+    reset,
+    stall,
+)
 from gateway.chaos.http11 import BadRequest, Request, read_request
 from gateway.chaos.spec import HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
 from gateway.chaos.wire import send_events, send_json, send_json_cut
@@ -197,6 +209,7 @@ class ChaosUpstream:
             ("POST", "/v1/completions"),
             ("POST", "/v1/embeddings"),
             ("POST", "/v1/responses"),
+            ("POST", "/v1/messages"),
         ):
             if not isinstance(payload, dict):
                 message = "The request body must be a JSON object."
@@ -237,10 +250,12 @@ class ChaosUpstream:
         legacy = recorded.path == "/v1/completions"
         if legacy:
             prefix = ""
-        elif spec.sample:
-            prefix = assistant_prefix(payload)
+        elif recorded.path == "/v1/messages":  # a trailing assistant message is a prefill
+            prefix = messages.messages_prefix(payload)
         else:
-            prefix = find_prefix(payload, script.text)
+            prefix = assistant_prefix(payload)
+        if not spec.sample and not script.text.startswith(prefix):
+            prefix = ""  # not a prefix of this answer: answered afresh, as find_prefix does
         echo = "" if legacy else echo_of(spec, prefix, anchor_of(payload, prefix))
         attempt = recorded.attempt or 0
         deltas = attempt_deltas(spec, attempt, prefix)
@@ -275,6 +290,8 @@ class ChaosUpstream:
                 "The conversation must end with a user message."
             )
             return await _reply_error(writer, request, 400, message)
+        if request.path == "/v1/messages" and (refusal := messages.prefill_error(payload)):
+            return await _reply_error(writer, request, 400, refusal)
         recorded.attempt = self._take_attempt(spec)
         fault = self._take_fault(spec)
         if fault == "reset_before":
@@ -285,12 +302,19 @@ class ChaosUpstream:
         if fault in HTTP_FAULTS:
             message, kind, code = render.HTTP_ERRORS[fault]
             headers = [("retry-after", str(spec.retry_after))] if fault == "http_429_retry" else []
-            body = render.error_body(message, kind, code)
+            if request.path == "/v1/messages":
+                body = messages.error_body(*messages.HTTP_ERRORS[fault])
+            else:
+                body = render.error_body(message, kind, code)
             return await _reply(writer, request, HTTP_FAULTS[fault], body, headers)
         if request.path == "/v1/responses":
             said = self._said(spec, payload, recorded)
             respond = self._respond_responses
             return await respond(request, payload, model, spec, said, fault, reader, writer)
+        if request.path == "/v1/messages":
+            said = self._said(spec, payload, recorded)
+            anthropic = self._respond_messages
+            return await anthropic(request, payload, model, spec, said, fault, reader, writer)
         if request.path != "/v1/embeddings":
             said = self._said(spec, payload, recorded)
             return await self._complete(request, payload, model, spec, said, fault, reader, writer)
@@ -394,6 +418,41 @@ class ChaosUpstream:
         encoded = responses.encode_events(sent, events)
         return await _stream(request, reader, writer, spec, encoded, ending)
 
+    async def _respond_messages(
+        self,
+        request: Request,
+        payload: dict[str, Any],
+        model: str,
+        spec: ChaosSpec,
+        said: Said,
+        fault: str | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """An Anthropic Messages response: fresh, or continuing an assistant prefix (a
+        prefill, or prompt mode)."""
+        conversation = payload.get("messages")
+        number = next(self._ids)
+        plan = messages.messages_plan(
+            messages.messages_script(spec),
+            said.prefix,
+            said.echo,
+            said.deltas,
+            number=number,
+            model=model,
+            input_tokens=10 + (len(conversation) if isinstance(conversation, list) else 1),
+        )
+        if payload.get("stream") is not True:
+            return await _reply_json(writer, request, orjson.dumps(plan.message), fault)
+        sent, ending = break_messages(
+            fault if fault in STREAM_FAULTS else None,
+            fault_cut(plan.counts, spec.at, opening=2),
+            plan.events,
+        )
+        events = render.EventFormat(spec.line_ending, spec.comments)
+        encoded = messages.encode_events(sent, events)
+        return await _stream(request, reader, writer, spec, encoded, ending)
+
 
 async def _stream(
     request: Request,
@@ -447,7 +506,11 @@ async def _reply_error(
     message: str,
     code: str | None = None,
 ) -> bool:
-    body = render.error_body(message, "invalid_request_error", code)
+    """An error the server answers on its own; in Anthropic's shape on ``/v1/messages``."""
+    if request.path == "/v1/messages":
+        body = messages.error_body(messages.status_error_type(status), message)
+    else:
+        body = render.error_body(message, "invalid_request_error", code)
     return await _reply(writer, request, status, body)
 
 
