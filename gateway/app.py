@@ -23,6 +23,8 @@ from starlette.routing import Route
 
 from gateway.api import ops
 from gateway.api.chat import chat_completions
+from gateway.api.inbound import speaks_anthropic
+from gateway.api.messages import create_message
 from gateway.api.passthrough import list_models, passthrough
 from gateway.api.responses import create_response, retrieve_response
 from gateway.api.runs import run_events
@@ -41,14 +43,18 @@ ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return exc.response()
+    return exc.response(anthropic=speaks_anthropic(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = exc.detail if exc.status_code != 404 else f"Unknown path {request.url.path}."
-    body = orjson.dumps(error_body(message, "invalid_request_error", str(exc.status_code)))
-    return Response(body, exc.status_code, media_type="application/json", headers=exc.headers)
+    body = error_body(message, "invalid_request_error", str(exc.status_code))
+    if speaks_anthropic(request):
+        body = {"type": "error", "error": body["error"]}
+    return Response(
+        orjson.dumps(body), exc.status_code, media_type="application/json", headers=exc.headers
+    )
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -60,7 +66,8 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # The traceback goes to the log, never to the client.
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return GatewayError("The gateway failed to handle the request.").response()
+    error = GatewayError("The gateway failed to handle the request.")
+    return error.response(anthropic=speaks_anthropic(request))
 
 
 def drain_on_sigterm(gateway: Gateway) -> Callable[[], None]:
@@ -112,6 +119,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/messages", create_message, methods=["POST"]),
         Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),

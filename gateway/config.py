@@ -28,11 +28,18 @@ from pydantic import (
 
 ENV_PREFIX = "GATEWAY_"
 DEFAULT_UPSTREAM_URL = "https://api.openai.com/v1"
+DEFAULT_ANTHROPIC_URL = "https://api.anthropic.com"
 
-Continuation = Literal["prompt", "vllm", "prefix", "prefix_echo", "none"]
+Continuation = Literal["prompt", "prefill", "vllm", "prefix", "prefix_echo", "none"]
 # The streaming APIs an upstream serves: OpenAI, vLLM, Ollama and OpenRouter serve
-# both; a server with chat completions only says ["chat"].
-Protocol = Literal["chat", "responses"]
+# chat and responses; a server with chat completions only says ["chat"]; Anthropic
+# (and Anthropic-compatible servers) serve messages.
+Protocol = Literal["chat", "responses", "messages"]
+# How an upstream takes its key and where its API lives: OpenAI's way (Authorization:
+# Bearer, base_url up to /chat/completions), or Anthropic's (x-api-key and
+# anthropic-version, base_url as the anthropic SDK takes it: up to /v1/messages).
+UpstreamKind = Literal["openai", "anthropic"]
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 class ConfigError(Exception):
@@ -94,21 +101,48 @@ class Circuit(_Model):
 
 class Upstream(_Model):
     name: str = Field(min_length=1)
-    base_url: str = Field(pattern=r"^https?://")  # up to, not including, /chat/completions
+    kind: UpstreamKind = "openai"
+    # openai: up to, not including, /chat/completions (https://api.openai.com/v1);
+    # anthropic: up to, not including, /v1/messages (https://api.anthropic.com).
+    base_url: str = Field(pattern=r"^https?://")
     api_key: SecretStr | None = None
     headers: dict[str, SecretStr] = Field(default_factory=dict)
+    # anthropic: sent when the client sends no anthropic-version of its own.
+    anthropic_version: str = ANTHROPIC_VERSION
     timeouts: Timeouts = Timeouts()
+    # Default: prompt; prefill on an anthropic upstream (a model that refuses it is
+    # continued in prompt mode from then on: README, "Anthropic Messages").
     continuation: Continuation = "prompt"
     # Continuation is a property of the model: globs of model names (first match
     # wins) with their own mode, e.g. {"claude-*": prompt} on an upstream whose
     # default is prefix. A leg's own `continuation` wins over both.
     continuation_models: dict[str, Continuation] = Field(default_factory=dict)
     circuit: Circuit = Circuit()
+    # Default: ["chat", "responses"]; ["messages"] on an anthropic upstream.
     protocols: list[Protocol] = Field(default=["chat", "responses"], min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("api_key") == "":
+            data = {k: v for k, v in data.items() if k != "api_key"}  # ${KEY:-}: no key
+        if isinstance(data, dict) and data.get("kind") == "anthropic":
+            defaults = {"protocols": ["messages"], "continuation": "prefill"}
+            return defaults | data
+        return data
 
     @property
     def root(self) -> str:
         return self.base_url.rstrip("/")
+
+    @property
+    def api_root(self) -> str:
+        """What API paths go under (``/chat/completions``, ``/messages``, ``/models``):
+        an anthropic upstream's base URL is the SDK's, without the ``/v1``."""
+        root = self.root
+        if self.kind == "anthropic" and not root.endswith("/v1"):
+            return root + "/v1"
+        return root
 
 
 class Leg(_Model):
@@ -351,9 +385,11 @@ def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
 
     ``GATEWAY_UPSTREAM_BASE_URL`` (default: OpenAI), ``GATEWAY_UPSTREAM_API_KEY``
     (unset: the client's own key is passed through), ``GATEWAY_KEYS`` (comma-separated
-    gateway keys clients must present; unset: none), ``GATEWAY_REDIS_URL``.
-    The client-side ``OPENAI_*`` variables are deliberately not read: clients
-    set ``OPENAI_BASE_URL`` to the gateway itself.
+    gateway keys clients must present; unset: none), ``GATEWAY_REDIS_URL``. Messages
+    API requests go to an anthropic upstream: ``GATEWAY_ANTHROPIC_BASE_URL`` (default:
+    Anthropic's) and ``GATEWAY_ANTHROPIC_API_KEY`` (unset: the client's own x-api-key).
+    The client-side ``OPENAI_*`` and ``ANTHROPIC_*`` variables are deliberately not
+    read: clients set ``OPENAI_BASE_URL`` (``ANTHROPIC_BASE_URL``) to the gateway itself.
     """
     env = os.environ if env is None else env
     upstream: dict[str, Any] = {
@@ -362,7 +398,17 @@ def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
     }
     if key := env.get(ENV_PREFIX + "UPSTREAM_API_KEY"):
         upstream["api_key"] = key
-    data: dict[str, Any] = {"upstreams": [upstream]}
+    anthropic: dict[str, Any] = {
+        "name": "anthropic",
+        "kind": "anthropic",
+        "base_url": env.get(ENV_PREFIX + "ANTHROPIC_BASE_URL", DEFAULT_ANTHROPIC_URL),
+    }
+    if key := env.get(ENV_PREFIX + "ANTHROPIC_API_KEY"):
+        anthropic["api_key"] = key
+    # Every model on both; a request goes to the first that serves its API, and
+    # requests without a model (the last route's: /v1/models, files) to the default.
+    routes = [{"match": "*", "upstream": "anthropic"}, {"match": "*", "upstream": "default"}]
+    data: dict[str, Any] = {"upstreams": [upstream, anthropic], "routes": routes}
     if keys := [k.strip() for k in env.get(ENV_PREFIX + "KEYS", "").split(",") if k.strip()]:
         data["auth"] = {"keys": keys}
     if redis_url := env.get(ENV_PREFIX + "REDIS_URL"):
@@ -396,7 +442,8 @@ def describe(config: GatewayConfig) -> str:
         c = u.circuit
         circuit = f"circuit({c.failures} failures, {c.cooldown:g}s)" if c.failures else "no circuit"
         lines.append(
-            f"  {u.name}: {u.root}  key={key}  continuation={u.continuation}  "
+            f"  {u.name}: {u.root} ({u.kind}: {', '.join(u.protocols)})  key={key}  "
+            f"continuation={u.continuation}  "
             f"timeouts(connect={t.connect:g}s first_byte={t.first_byte:g}s idle={t.idle:g}s)  "
             + circuit
         )

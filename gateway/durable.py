@@ -40,14 +40,12 @@ from gateway.checkpoint.model import (
     owner_hash,
     split_events,
 )
+from gateway.protocols import Adapter
 from gateway.recovery.classify import Cause
 from gateway.run import Run
 
 if TYPE_CHECKING:
     from gateway.resume import Runs
-
-
-KEEPALIVE = b": keepalive\n\n"
 
 
 def render(numbered: Iterable[tuple[int, bytes]], *, ids: bool) -> bytes:
@@ -79,12 +77,13 @@ class RunLog:
 
     def __init__(
         self,
-        ends: Callable[[bytes], bool],
+        adapter: Adapter,
         events: list[bytes] | None = None,
         *,
         gated: bool = False,
     ) -> None:
-        self.ends = ends  # whether an event ends the answer (the protocol's adapter says)
+        self.ends = adapter.ends  # whether an event ends the answer
+        self.keepalive = adapter.keepalive  # what a silent stream without ids is sent
         self.events: list[bytes] = events if events is not None else []
         self.size = sum(map(len, self.events))  # bytes of all events
         # Followers read events[:visible]. Gated (durability: sync), an event becomes
@@ -156,7 +155,8 @@ class RunLog:
         self._wake()
 
     def ping(self) -> None:
-        """Nothing new for a while: followers without event ids send a keepalive comment."""
+        """Nothing new for a while: followers without event ids send a keepalive (a
+        comment, or the protocol's ping event)."""
         self._wake(idle=True)
 
     def _wake(self, *, idle: bool = False) -> None:
@@ -206,7 +206,7 @@ class RunLog:
                     waiter = loop.create_future()
                     self._waiters.append(waiter)
                     if await waiter and not ids:
-                        yield KEEPALIVE
+                        yield self.keepalive
         finally:
             self._readers.discard(reader)
             if self._room is not None and not self._room.done():

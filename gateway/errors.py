@@ -1,7 +1,9 @@
 """Errors the gateway answers with, and their OpenAI-shaped bodies.
 
 Every error a client sees from the gateway itself has the body
-``{"error": {"message": ..., "type": ..., "code": ...}}`` that OpenAI SDKs parse.
+``{"error": {"message": ..., "type": ..., "code": ...}}`` that OpenAI SDKs parse; on
+``/v1/messages``, Anthropic's ``{"type": "error", "error": {"type": ..., "message": ...}}``
+(with the same ``code``), its type named as Anthropic names that status.
 Errors from an upstream's own 4xx pass through unchanged and never come here.
 
 The hierarchy::
@@ -38,9 +40,14 @@ class GatewayError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.code)
 
-    def response(self) -> Response:
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's shape (``/v1/messages``), which keeps OpenAI's members too."""
+        kind = ANTHROPIC_TYPES.get(self.status_code, "api_error")
+        return {"type": "error", "error": self.body()["error"] | {"type": kind}}
+
+    def response(self, *, anthropic: bool = False) -> Response:
         return Response(
-            orjson.dumps(self.body()),
+            orjson.dumps(self.anthropic_body() if anthropic else self.body()),
             status_code=self.status_code,
             media_type="application/json",
         )
@@ -89,6 +96,19 @@ class UpstreamFailure(GatewayError):
 class UpstreamTimeout(UpstreamFailure):
     status_code = 504
     code = "upstream_timeout"
+
+
+# Anthropic's error types, by HTTP status (what the anthropic SDK's users see).
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
 
 
 def error_body(message: str, error_type: str, code: str | int | None) -> dict[str, Any]:

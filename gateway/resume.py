@@ -128,7 +128,7 @@ class Runs:
         local = LocalRun(
             self,
             run,
-            log or RunLog(run.adapter.ends, gated=gated),
+            log or RunLog(run.adapter, gated=gated),
             credential=credential,
             created=created,
             resume=resume,
@@ -355,7 +355,8 @@ class Runs:
         adapter = adapter_named(record.protocol)
         # The legs that serve the run's protocol, as its first owner had them: the
         # checkpoint's leg is a position among those.
-        route = self._router.resolve(record.body.get("model")).serving(adapter.name)
+        route = self._router.resolve(record.body.get("model"), adapter.name)
+        route = route.serving(adapter.name)
         run = Run(
             run_id=run_id,
             adapter=adapter,
@@ -392,7 +393,7 @@ class Runs:
             run,
             credential,
             RunLog(
-                adapter.ends,
+                adapter,
                 checkpoint.events,
                 gated=self.shared and self.config.durability == "sync",
             ),

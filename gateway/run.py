@@ -169,7 +169,7 @@ class Run:
             continued = self.adapter.continuation(
                 body,
                 self._upstreams.continuation_of(leg),
-                self.accumulator.text,
+                self.accumulator,
                 self.route.continuation_prompt,
                 anchored=self.route.continuation_anchor and self.trim_next_seam,
             )

@@ -12,6 +12,7 @@ from gateway.config import (
     load_config,
     parse_config,
 )
+from gateway.upstream.routes import Router
 
 EXAMPLE = Path(__file__).parent.parent / "config.example.yaml"
 
@@ -78,7 +79,19 @@ def test_embedded_defaults_read_gateway_variables_only() -> None:
         {"GATEWAY_UPSTREAM_BASE_URL": "http://vllm:8000/v1", "GATEWAY_UPSTREAM_API_KEY": "k"}
     )
     assert config.upstreams[0].base_url == "http://vllm:8000/v1"
-    assert config.effective_routes[0].match == "*"
+    assert [r.upstream for r in config.effective_routes] == ["anthropic", "default"]
+
+
+def test_embedded_defaults_send_messages_to_anthropic_and_the_rest_to_the_default() -> None:
+    config = default_config({"GATEWAY_ANTHROPIC_API_KEY": "sk-ant-k"})
+    router = Router(config)
+    assert router.resolve("claude-sonnet-4-5", "messages").legs[0].upstream.name == "anthropic"
+    assert router.resolve("gpt-4o", "chat").legs[0].upstream.name == "default"
+    assert router.resolve("gpt-4o", "responses").legs[0].upstream.name == "default"
+    assert router.default_leg().upstream.name == "default"  # /v1/models and the like
+    anthropic = config.upstream("anthropic")
+    assert anthropic.api_root == "https://api.anthropic.com/v1"
+    assert anthropic.api_key is not None and anthropic.api_key.get_secret_value() == "sk-ant-k"
 
 
 def test_describe_masks_every_secret() -> None:
@@ -154,3 +167,31 @@ def test_describe_shows_how_each_leg_is_protected() -> None:
     assert "continuation for claude-*: prompt" in text
     assert "up/<requested> (vllm)" in text
     assert "timeouts(idle=5s)" in text and "min_throughput(20 chars/s over 5s after 10s)" in text
+
+
+def test_an_anthropic_upstream_serves_messages_continued_by_prefill_under_v1() -> None:
+    config = parse_config(
+        {
+            "upstreams": [
+                {"name": "claude", "kind": "anthropic", "base_url": "https://api.anthropic.com"},
+                {"name": "compat", "kind": "anthropic", "base_url": "http://vllm:8000/v1/"},
+                {"name": "openai", "base_url": "https://api.openai.com/v1"},
+            ]
+        }
+    )
+    claude, compat, openai = config.upstreams
+    assert claude.protocols == ["messages"] and claude.continuation == "prefill"
+    assert claude.api_root == "https://api.anthropic.com/v1"  # the SDK's base URL, plus /v1
+    assert compat.api_root == "http://vllm:8000/v1"  # a /v1 already there is not doubled
+    assert openai.protocols == ["chat", "responses"] and openai.continuation == "prompt"
+    assert openai.api_root == "https://api.openai.com/v1"
+    assert "claude: https://api.anthropic.com (anthropic: messages)" in describe(config)
+
+
+def test_an_anthropic_upstreams_defaults_give_way_to_what_is_configured() -> None:
+    upstream = {"name": "c", "kind": "anthropic", "base_url": "http://x"}
+    config = parse_config(
+        {"upstreams": [upstream | {"continuation": "prompt", "protocols": ["messages", "chat"]}]}
+    )
+    assert config.upstreams[0].continuation == "prompt"
+    assert config.upstreams[0].protocols == ["messages", "chat"]

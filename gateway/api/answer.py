@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from gateway.api.fields import apply_fallbacks, without_gateway_fields
+from gateway.api.inbound import credential, speaks_anthropic
 from gateway.api.passthrough import upstream_error_response
 from gateway.api.runs import RunStream, disconnected, resume_stream
 from gateway.context import Gateway, gateway_of
@@ -51,9 +52,10 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
     if resumed is not None:
         return await resume_stream(request, gateway, resumed)
     body = await gateway.read_json(request)
-    route = gateway.router.resolve(body.get("model"))
+    route = gateway.router.resolve(body.get("model"), adapter.name)
     request_log().route = route.name
-    route = apply_fallbacks(route, body.get("fallbacks"), gateway.router).serving(adapter.name)
+    fallbacks = apply_fallbacks(route, body.get("fallbacks"), gateway.router, adapter.name)
+    route = fallbacks.serving(adapter.name)
     # A strict upstream refuses fields it does not know.
     body = without_gateway_fields(body)
     return Asked(gateway, adapter, route, body, client_authorization, started)
@@ -82,7 +84,7 @@ async def answer(request: Request, asked: Asked) -> Response:
             with gateway.runs.in_progress():
                 await run.open()
                 # Relayed by its own task: the run outlives this connection (detach).
-                local = gateway.runs.adopt(run, request.headers.get("authorization"))
+                local = gateway.runs.adopt(run, credential(request))
             return RunStream(local.attach(0, ids=False), _answer_headers(upstreams, headers))
         assembled = await _complete(run, request.receive)
     except UpstreamHTTPError as exc:
@@ -92,14 +94,14 @@ async def answer(request: Request, asked: Asked) -> Response:
             headers |= NO_RETRY
         return upstream_error_response(exc.status_code, exc.headers, exc.content, **headers)
     except GatewayError as exc:
-        response = exc.response()
+        response = exc.response(anthropic=speaks_anthropic(request))
         response.headers.update(headers)
         if isinstance(exc, UpstreamFailure):  # 502/504 once every leg's budget is spent
             response.headers.update(NO_RETRY)
         return response
     if assembled is None:  # nobody is there to read it
         return Response(status_code=CLIENT_CLOSED, headers=headers)
-    gateway.runs.assembled(run, request.headers.get("authorization"), assembled)
+    gateway.runs.assembled(run, credential(request), assembled)
     return Response(
         orjson.dumps(assembled),
         media_type="application/json",

@@ -35,7 +35,9 @@ def without_gateway_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in GATEWAY_FIELDS}
 
 
-def apply_fallbacks(route: ResolvedRoute, fallbacks: object, router: Router) -> ResolvedRoute:
+def apply_fallbacks(
+    route: ResolvedRoute, fallbacks: object, router: Router, protocol: str | None = None
+) -> ResolvedRoute:
     """``route`` with a request's ``fallbacks`` field applied; ``InvalidFallbacks`` if bad."""
     if fallbacks is None:
         return route
@@ -48,7 +50,7 @@ def apply_fallbacks(route: ResolvedRoute, fallbacks: object, router: Router) -> 
     legs = []
     for index, model in enumerate(fallbacks):
         try:
-            legs.append(router.resolve(model).legs[0])
+            legs.append(router.resolve(model, protocol).legs[0])
         except NotFound:
             raise InvalidFallbacks(
                 f"fallbacks[{index}]: the model {model!r} does not exist or no route serves it."

@@ -10,6 +10,21 @@ from starlette.requests import Request
 
 from gateway.errors import InvalidRequest, PayloadTooLarge, Unauthorized
 
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def speaks_anthropic(request: Request) -> bool:
+    """Whether the client speaks the Messages API (so reads Anthropic-shaped errors)."""
+    path: str = request.scope["path"]
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def credential(request: Request) -> str | None:
+    """The credential a client presented, which owns the runs it starts: its
+    ``Authorization`` (the openai SDK), else its ``x-api-key`` (the anthropic SDK)."""
+    headers = request.headers
+    return headers.get("authorization") or headers.get("x-api-key")
+
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it exceeds ``limit`` bytes."""
@@ -57,15 +72,20 @@ class ClientAuth:
         return not self._keys
 
     def authorize(self, request: Request) -> str | None:
+        """A gateway key as ``Authorization: Bearer`` (the openai SDK) or ``x-api-key``
+        (the anthropic SDK)."""
         header = request.headers.get("authorization")
         if not self._keys:
             return header
-        scheme, _, token = (header or "").partition(" ")
-        presented = token.strip().encode()
+        if header is not None:
+            scheme, _, token = header.partition(" ")
+            presented = token.strip().encode() if scheme.lower() == "bearer" else b""
+        else:
+            presented = request.headers.get("x-api-key", "").encode()
         # Compare against every key so the time taken does not say which matched.
         matched = False
         for key in self._keys:
             matched |= hmac.compare_digest(presented, key)
-        if scheme.lower() != "bearer" or not matched:
+        if not presented or not matched:
             raise Unauthorized("Incorrect or missing gateway API key.")
         return None

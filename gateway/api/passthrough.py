@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.api.fields import without_gateway_fields
+from gateway.api.inbound import speaks_anthropic
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure, sse_error_event
 from gateway.upstream.headers import end_to_end_headers, forwarded_request_headers
@@ -103,7 +104,10 @@ async def passthrough(request: Request) -> Response:
         except orjson.JSONDecodeError:
             parsed = None  # the upstream judges its own input
         if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
-            leg = gateway.router.resolve(parsed["model"]).legs[0]
+            # The Messages API's other paths (count_tokens) go where its models do;
+            # OpenAI's (embeddings, completions) to an upstream that speaks OpenAI's.
+            protocol = "messages" if speaks_anthropic(request) else "chat"
+            leg = gateway.router.resolve(parsed["model"], protocol).legs[0]
             return await forward_json(request, gateway, leg, parsed, client_authorization)
     leg = gateway.router.default_leg()
     return await relay(request, gateway, leg, content, client_authorization, target)

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.answer import answer, asked
+from gateway.api.inbound import credential
 from gateway.api.passthrough import passthrough
 from gateway.api.runs import RunStream, no_events, parse_offset, resume_run
 from gateway.context import Gateway, gateway_of
@@ -50,8 +51,8 @@ async def create_response(request: Request) -> Response:
         return new  # a resume
     previous = new.body.get("previous_response_id")
     if isinstance(previous, str) and previous:
-        credential = request.headers.get("authorization")
-        new.body = await _whole_context(new.gateway, new.body, previous, credential)
+        owner = credential(request)
+        new.body = await _whole_context(new.gateway, new.body, previous, owner)
     return await answer(request, new)
 
 
@@ -64,14 +65,14 @@ async def retrieve_response(request: Request) -> Response:
     if found is None:
         return await passthrough(request)  # not one the gateway streamed: the upstream's
     run_id, recovered = found
-    credential = request.headers.get("authorization")
+    owner = credential(request)
     if request.query_params.get("stream") in ("true", "1"):
         value = request.query_params.get("starting_after")
         # The client has the events numbered 0..N: N + 1 of them.
         after = parse_offset(value, "starting_after") + 1 if value else 0
         body = await resume_run(request, gateway, run_id, after, ids=False)
         return RunStream(body if body is not None else no_events(), {"x-run-id": run_id})
-    found_answer = await gateway.runs.answer_of(run_id, credential)
+    found_answer = await gateway.runs.answer_of(run_id, owner)
     if found_answer is None:
         if recovered:
             raise _cut_short(response_id)

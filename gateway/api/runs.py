@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.api.inbound import credential
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
 from gateway.observe import request_log
@@ -104,7 +105,7 @@ async def resume_run(
     log.extra["run_id"] = run_id
     return await gateway.runs.resume(
         run_id,
-        request.headers.get("authorization"),
+        credential(request),
         after,
         ids=ids,
         forward_authorization=forward,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from gateway.protocols.base import Adapter, ClientStream
 from gateway.protocols.chat import CHAT
+from gateway.protocols.messages import MESSAGES
 from gateway.protocols.responses import RESPONSES
 
-ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in (CHAT, RESPONSES)}
+ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in (CHAT, RESPONSES, MESSAGES)}
 
 
 def adapter_named(name: str) -> Adapter:
@@ -14,4 +15,4 @@ def adapter_named(name: str) -> Adapter:
     return ADAPTERS[name]
 
 
-__all__ = ["ADAPTERS", "CHAT", "RESPONSES", "Adapter", "ClientStream", "adapter_named"]
+__all__ = ["ADAPTERS", "CHAT", "MESSAGES", "RESPONSES", "Adapter", "ClientStream", "adapter_named"]

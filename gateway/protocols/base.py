@@ -60,7 +60,7 @@ class ClientStream(Protocol):
 
 
 class Adapter(ABC):
-    """One wire protocol: ``chat`` (chat completions) or ``responses``."""
+    """One wire protocol: ``chat`` (chat completions), ``responses`` or ``messages``."""
 
     name: ClassVar[str]
     path: ClassVar[str]  # the upstream path, under the upstream's base URL
@@ -68,6 +68,9 @@ class Adapter(ABC):
     # ``GET /v1/responses/{id}`` and ``previous_response_id`` do: the run keeps an alias.
     aliased: ClassVar[bool] = False
     turns: ClassVar[str] = "messages"  # the request's conversation (a list of turns)
+    # What a client stream silent for a while gets (recovery waits): a comment, or the
+    # protocol's own ping event. Never on a stream with ``id:`` lines (section 2 item 7).
+    keepalive: ClassVar[bytes] = b": keepalive\n\n"
 
     @abstractmethod
     def parse_event(self, data: bytes) -> Event:
@@ -97,16 +100,17 @@ class Adapter(ABC):
         self,
         body: dict[str, Any],
         capability: Continuation,
-        prefix: str,
+        sent: RunAccumulator,
         prompt: str,
         *,
         anchored: bool,
     ) -> ContinuationRequest | None:
-        """The request that continues ``prefix`` (None: the upstream cannot)."""
+        """The request that continues the text the client was ``sent`` (None: the
+        upstream cannot)."""
         return continuation_request(
             self.for_continuation(body),
             capability,
-            prefix,
+            sent.text,
             prompt,
             anchored=anchored,
             turns=self.turns,

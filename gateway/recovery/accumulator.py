@@ -42,7 +42,7 @@ class ToolCall:
 
 
 class RunAccumulator:
-    usage_counts = USAGE_COUNTS  # the fields summed over legs (a protocol's own names)
+    usage_counts: tuple[str, ...] = USAGE_COUNTS  # summed over legs (a protocol's own names)
 
     def __init__(self) -> None:
         self.identity: dict[str, Any] | None = None  # id, created, model, system_fingerprint

@@ -50,7 +50,8 @@ DESCRIPTIONS = {
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
 _TRANSIENT_WORDS = (
-    "overload",
+    "overload",  # Anthropic's overloaded_error
+    "api_error",  # Anthropic's unexpected server error
     "server_error",
     "server error",
     "internal",

@@ -29,7 +29,7 @@ from gateway.upstream.target import upstream_url
 from gateway.upstream.transport import Http1Transport
 
 # Continuation modes whose request ends with an assistant message for the model to go on.
-PREFILL_MODES = frozenset({"vllm", "prefix", "prefix_echo"})
+PREFILL_MODES = frozenset({"prefill", "vllm", "prefix", "prefix_echo"})
 REDACTED = b"[redacted]"
 MAX_ERROR_BYTES = 1024 * 1024  # an upstream's error body is relayed up to this size
 
@@ -96,7 +96,10 @@ class UpstreamClient:
         # (upstream, model) pairs that refused a continuation with a trailing assistant
         # message: from then on they are continued in prompt mode (shared by the views).
         self._no_prefill: set[tuple[str, str]] = set()
-        self._roots = {u.name: httpx.URL(u.base_url) for u in upstreams}
+        self._roots = {u.name: httpx.URL(u.api_root) for u in upstreams}
+        self._anthropic_versions = {
+            u.name: u.anthropic_version for u in upstreams if u.kind == "anthropic"
+        }
         self._stream_urls: dict[tuple[str, str], httpx.URL] = {}  # (upstream, path): URL
         self.max_event_bytes = limits.max_event_bytes  # one SSE line or event (sse.py)
         # Set on a view by ``for_client``: what goes upstream from its client, and what
@@ -143,7 +146,11 @@ class UpstreamClient:
     def _static_headers(upstream: Upstream) -> dict[str, str]:
         headers = {k.lower(): v.get_secret_value() for k, v in upstream.headers.items()}
         if upstream.api_key is not None:
-            headers["authorization"] = f"Bearer {upstream.api_key.get_secret_value()}"
+            key = upstream.api_key.get_secret_value()
+            if upstream.kind == "anthropic":
+                headers["x-api-key"] = key
+            else:
+                headers["authorization"] = f"Bearer {key}"
         return headers
 
     def request_headers(
@@ -163,6 +170,9 @@ class UpstreamClient:
         elif client_authorization is not None:
             headers["authorization"] = client_authorization
         headers.update(own)
+        version = self._anthropic_versions.get(upstream.name)
+        if version is not None:  # the client's (the anthropic SDK sends one), else ours
+            headers.setdefault("anthropic-version", version)
         return headers
 
     def continuation_of(self, leg: ResolvedLeg) -> Continuation:

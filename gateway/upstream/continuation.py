@@ -55,6 +55,14 @@ def continuation_request(
             {"role": "user", "content": prompt},
         ]
         return ContinuationRequest(body | {turns: messages}, SeamRule(tail, restart=True))
+    if capability == "prefill":  # Anthropic: a final assistant message is continued
+        # It refuses one that ends in whitespace; the reply then usually begins with the
+        # whitespace the client already has: exactly that is cut when it does.
+        stripped = prefix.rstrip()
+        messages.append({"role": "assistant", "content": stripped})
+        dropped = prefix[len(stripped) :]
+        rule = SeamRule(dropped, restart=False) if dropped else LITERAL
+        return ContinuationRequest(body | {turns: messages}, rule)
     if capability == "vllm":  # vLLM and SGLang
         messages.append({"role": "assistant", "content": prefix})
         continued = body | {

@@ -23,7 +23,8 @@ Responses: pass-through relays the upstream's body, so the upstream's end-to-end
 headers come back with it (``end_to_end_headers``). A chat completion's body is the
 gateway's own (spliced, or assembled), so only the upstream's request metadata comes
 back (``answer_metadata``): ``x-request-id``, ``openai-*`` (processing time,
-organization, project, version) and ``x-ratelimit-*``, from the response the answer
+organization, project, version) and ``x-ratelimit-*`` (Anthropic's ``request-id``
+and ``anthropic-ratelimit-*``), from the response the answer
 started with. Its ``content-type``, ``set-cookie`` and the like describe a body the
 client never sees.
 """
@@ -56,8 +57,8 @@ CREDENTIALS = frozenset({"x-api-key", "api-key"})
 # An upstream that configures one of these has a credential of its own.
 OWN_CREDENTIALS = CREDENTIALS | {"authorization"}
 
-ANSWER_METADATA = frozenset({"x-request-id"})
-ANSWER_METADATA_PREFIXES = ("openai-", "x-ratelimit-")
+ANSWER_METADATA = frozenset({"x-request-id", "request-id"})  # OpenAI's, Anthropic's
+ANSWER_METADATA_PREFIXES = ("openai-", "x-ratelimit-", "anthropic-ratelimit-")
 
 
 def end_to_end_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

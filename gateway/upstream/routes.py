@@ -71,18 +71,28 @@ class Router:
         self._config = config
         self._routes = config.effective_routes
 
-    def resolve(self, model: object) -> ResolvedRoute:
+    def resolve(self, model: object, protocol: str | None = None) -> ResolvedRoute:
+        """The first route that matches ``model`` and has a leg serving ``protocol``
+        (``chat``, ``responses``, ``messages``); else the first that matches, whose
+        ``serving`` then says that it does not serve it."""
         if not isinstance(model, str) or not model:
             raise NotFound(
                 "The request has no 'model'; name the model to use.", code="model_not_found"
             )
-        route = next((r for r in self._routes if r.matches(model)), None)
-        if route is None:
+        matching = [route for route in self._routes if route.matches(model)]
+        if not matching:
             raise NotFound(
                 f"The model {model!r} does not exist or no route serves it.",
                 code="model_not_found",
             )
+        route = next((r for r in matching if self._serves(r, protocol)), matching[0])
         return self._resolve(route, model)
+
+    def _serves(self, route: Route, protocol: str | None) -> bool:
+        if protocol is None:
+            return True
+        upstream = self._config.upstream
+        return any(protocol in upstream(leg.upstream).protocols for leg in route.legs)
 
     def _resolve(self, route: Route, model: str) -> ResolvedRoute:
         legs = tuple(

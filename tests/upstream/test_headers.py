@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from gateway.config import Upstream, parse_config
+from gateway.upstream.client import UpstreamClient
 from gateway.upstream.headers import answer_metadata, forwarded_request_headers
 
 CLIENT = [
@@ -66,4 +70,50 @@ def test_only_request_metadata_comes_back_on_a_chat_completion() -> None:
         "openai-version": "2020-10-01",
         "x-ratelimit-limit-requests": "500",
         "x-ratelimit-reset-tokens": "6ms",
+    }
+
+
+ANTHROPIC_CLIENT = [
+    ("x-api-key", "sk-ant-client"),
+    ("anthropic-version", "2023-06-01"),
+    ("anthropic-beta", "interleaved-thinking-2025-05-14"),
+    ("user-agent", "Anthropic/Python 0.60"),
+]
+
+
+def _anthropic_client(**upstream: Any) -> tuple[UpstreamClient, Upstream]:
+    config = parse_config(
+        {"upstreams": [{"name": "claude", "kind": "anthropic", "base_url": "http://x"} | upstream]}
+    )
+    return UpstreamClient(config.upstreams, config.limits), config.upstreams[0]
+
+
+def test_an_anthropic_upstream_key_goes_as_x_api_key_and_the_clients_stays_home() -> None:
+    client, upstream = _anthropic_client(api_key="sk-ant-gateway-key")
+    forwarded = forwarded_request_headers(ANTHROPIC_CLIENT, credentials=True)
+    headers = client.request_headers(upstream, forwarded, None)
+    assert headers["x-api-key"] == "sk-ant-gateway-key"
+    assert "authorization" not in headers
+    # anthropic-* headers pass through: the client's version and betas are its own.
+    assert headers["anthropic-version"] == "2023-06-01"
+    assert headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
+
+
+def test_without_a_key_of_its_own_the_clients_x_api_key_goes_and_a_version_is_added() -> None:
+    client, upstream = _anthropic_client(anthropic_version="2099-01-01")
+    forwarded = forwarded_request_headers([("x-api-key", "sk-ant-client")], credentials=True)
+    headers = client.request_headers(upstream, forwarded, None)
+    assert headers["x-api-key"] == "sk-ant-client"
+    assert headers["anthropic-version"] == "2099-01-01"  # the client sent none
+
+
+def test_anthropic_request_metadata_comes_back() -> None:
+    upstream = [
+        ("request-id", "req_01"),
+        ("anthropic-ratelimit-requests-remaining", "49"),
+        ("content-type", "text/event-stream"),
+    ]
+    assert answer_metadata(upstream) == {
+        "request-id": "req_01",
+        "anthropic-ratelimit-requests-remaining": "49",
     }
