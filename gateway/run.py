@@ -75,8 +75,15 @@ async def _drain(rest: AsyncIterator[bytes]) -> None:
 
 
 def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
-    """Reasoning models think silently for long stretches: their idle timeout doubles."""
-    return body.get("reasoning_effort") is not None or bool(_REASONING_MODEL.search(model.lower()))
+    """Reasoning models think silently for long stretches: their idle timeout doubles.
+    So do requests that ask for it: ``reasoning_effort`` (chat), ``reasoning``
+    (Responses), ``thinking`` on (Messages)."""
+    if body.get("reasoning_effort") is not None or body.get("reasoning") is not None:
+        return True
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        return True
+    return bool(_REASONING_MODEL.search(model.lower()))
 
 
 class StreamInterrupted(UpstreamFailure):
