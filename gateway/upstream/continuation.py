@@ -45,6 +45,8 @@ def continuation_request(
     ``turns``: the body's list of turns (chat's ``messages``, the Responses ``input``).
     """
     messages = list(body.get(turns) or [])
+    if capability == "prefill" and not prefix.strip():
+        capability = "prompt"  # whitespace only: nothing a prefill may end with
     if capability == "prompt":
         # Works everywhere, including legs that reject a trailing assistant prefill.
         tail = anchor_tail(prefix) if anchored else None

@@ -159,3 +159,20 @@ def test_the_chaos_upstream_reads_the_anchor_even_when_it_holds_the_markers() ->
     unanchored = continuation_request({"messages": []}, "prompt", sent, "Go on.", anchored=False)
     assert unanchored is not None and anchor_of(unanchored.body, sent) == ""
     assert parse_spec("chaos:anchor=0").anchor is False
+
+
+def test_a_prefill_is_sent_without_trailing_whitespace_which_the_seam_then_cuts() -> None:
+    request = continuation_request({"messages": []}, "prefill", "Hello, ", "Go on.")
+    assert request is not None
+    assert request.body["messages"] == [{"role": "assistant", "content": "Hello,"}]
+    assert request.seam is not None
+    trimmer = SeamTrimmer("Hello, ", request.seam)
+    assert trimmer.feed(" world") == "world"  # the space the client already has
+    other = SeamTrimmer("Hello, ", request.seam)
+    assert other.feed("\nworld") == "\nworld"  # not that whitespace: nothing is cut
+
+
+def test_a_prefill_of_whitespace_only_is_asked_for_in_prompt_mode() -> None:
+    request = continuation_request({"messages": []}, "prefill", "\n\n", "Go on.")
+    assert request is not None
+    assert [m["role"] for m in request.body["messages"]] == ["assistant", "user"]
