@@ -382,3 +382,17 @@ def test_resume_by_run_id_gives_exactly_the_rest(recovering: RunningGateway) -> 
     check_contract(events)
     assert text(events) == expected_answer(model).text
     assert stranger.status_code == 404 and stranger.json()["type"] == "error"
+
+
+def test_a_refused_prefill_never_masks_the_failure(
+    recovering: RunningGateway, chaos: ChaosUpstream
+) -> None:
+    model = "chaos:text=30,seed=67,prefill=0,fault=reset,at=10"  # every attempt breaks
+    events = raw_events(recovering, {"model": model})
+    error = events[-1]
+    assert error["type"] == "error"
+    assert "reset the connection mid-stream" in error["error"]["message"]
+    assert "prefill" not in error["error"]["message"]
+    requests = chaos.requests_for(model)
+    assert any(r.attempt is None for r in requests)  # the prefill refused with a 400
+    assert requests[-1].body["messages"][-1]["role"] == "user"  # then prompt mode
