@@ -40,7 +40,6 @@ class Gateway:
             self.store,
             metrics=self.metrics,
             router=self.router,
-            upstreams=self.upstreams,
             max_client_lag=config.limits.max_client_lag_bytes,
         )
         self.draining = False

@@ -31,6 +31,7 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.checkpoint.model import Checkpoint, owner_hash
@@ -59,6 +60,18 @@ RECOVERED_ALIAS_TTL = 30 * 24 * 3600.0
 RECOVERED = " recovered"  # the alias's value: "<run id>", or "<run id> recovered"
 
 
+@dataclass(frozen=True, slots=True)
+class Forwarding:
+    """What a takeover sends upstream on behalf of the client that resumed the run, as
+    its first request did: the upstream client's view with that client's forwardable
+    headers (its ``x-api-key`` where the upstream has no key, ``anthropic-version``,
+    ``anthropic-beta``, ``OpenAI-Organization``…), and the ``Authorization`` to pass.
+    The client owns the run (its credential was checked), so these are the owner's."""
+
+    upstreams: UpstreamClient
+    authorization: str | None
+
+
 class RunNotFound(NotFound):
     code = "run_not_found"
 
@@ -84,7 +97,6 @@ class Runs:
         *,
         metrics: Metrics,
         router: Router,
-        upstreams: UpstreamClient,
         max_client_lag: int = 1024 * 1024,
     ) -> None:
         self.config = config
@@ -102,7 +114,6 @@ class Runs:
         self.stopping = False  # the drain deadline passed: runs end here
         self._busy = 0  # requests opening a run, and tails: the drain waits for them too
         self._router = router
-        self._upstreams = upstreams
         self.aliases: dict[str, str] = {}  # a local run's public id (a response id): run id
         # Recovered non-streaming answers, which have no run log: id -> (credential,
         # request, answer), for completed_ttl.
@@ -266,7 +277,7 @@ class Runs:
         after: int,
         *,
         ids: bool,
-        forward_authorization: str | None,
+        forwarding: Forwarding,
     ) -> AsyncIterator[bytes] | None:
         """The rest of a run's client stream after event ``after``; None if there is none.
 
@@ -292,9 +303,7 @@ class Runs:
                     self._replay(checkpoint, after, ids) if after < len(checkpoint.events) else None
                 )
             if await store.lease_holder(run_id) is None:
-                taken = await self._take_over(
-                    store, run_id, credential, after, ids, forward_authorization
-                )
+                taken = await self._take_over(store, run_id, credential, after, ids, forwarding)
                 if taken is not None:
                     return taken
         except GatewayError:
@@ -307,7 +316,7 @@ class Runs:
             ) from None
         self._count("tail", "ok")
         adapter = adapter_named(checkpoint.record.protocol)
-        return self._tail(store, adapter, run_id, credential, after, ids, forward_authorization)
+        return self._tail(store, adapter, run_id, credential, after, ids, forwarding)
 
     def _refused(self, run_id: str) -> RunNotFound:
         self._count("none", "not_found")
@@ -339,7 +348,7 @@ class Runs:
         credential: str | None,
         after: int,
         ids: bool,
-        forward_authorization: str | None,
+        forwarding: Forwarding,
     ) -> AsyncIterator[bytes] | None:
         """Claim a run nobody holds and continue it here; None if another replica won."""
         epoch = await store.claim(run_id, self.replica, self.config.lease_ttl)
@@ -362,8 +371,8 @@ class Runs:
             adapter=adapter,
             route=route,
             body=record.body,
-            client_authorization=forward_authorization,
-            upstreams=self._upstreams,
+            client_authorization=forwarding.authorization,
+            upstreams=forwarding.upstreams,
             metrics=self.metrics,
         )
         accumulator = adapter.replay(checkpoint.events)
@@ -412,7 +421,7 @@ class Runs:
         credential: str | None,
         after: int,
         ids: bool,
-        forward_authorization: str | None,
+        forwarding: Forwarding,
     ) -> AsyncIterator[bytes]:
         """Follow a run another replica relays; take it over if that replica dies."""
         with self.in_progress():  # a tail is a stream the drain lets finish
@@ -436,9 +445,7 @@ class Runs:
                 if await store.lease_holder(run_id) is not None:
                     continue
                 try:
-                    taken = await self._take_over(
-                        store, run_id, credential, seq, ids, forward_authorization
-                    )
+                    taken = await self._take_over(store, run_id, credential, seq, ids, forwarding)
                 except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
                     yield adapter.error_event(exc, seq)
                     return

@@ -27,6 +27,7 @@ from gateway.api.inbound import credential
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
 from gateway.observe import request_log
+from gateway.resume import Forwarding
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -99,16 +100,21 @@ def parse_offset(value: str | None, name: str) -> int:
 async def resume_run(
     request: Request, gateway: Gateway, run_id: str, after: int, *, ids: bool
 ) -> AsyncIterator[bytes] | None:
-    forward = gateway.auth.authorize(request)
+    authorization = gateway.auth.authorize(request)
     log = request_log()
     log.route, log.resumed_from = "runs", after
     log.extra["run_id"] = run_id
+    # Should this replica take the run over, its upstream requests carry this client's
+    # headers, as the run's first request carried them (api/answer.py).
+    upstreams = gateway.upstreams.for_client(
+        request.headers.items(), credentials=gateway.auth.passes_credentials
+    )
     return await gateway.runs.resume(
         run_id,
         credential(request),
         after,
         ids=ids,
-        forward_authorization=forward,
+        forwarding=Forwarding(upstreams, authorization),
     )
 
 

@@ -8,7 +8,8 @@ a client's end-to-end headers go upstream (``OpenAI-Organization``,
 - hop-by-hop headers (RFC 9110 section 7.6.1), and any the client's ``Connection`` names;
 - ``host``, ``content-length`` and ``expect``: they frame the client's request to the
   gateway, not the gateway's to the upstream;
-- the gateway's own ``x-run-id`` and ``x-resume-from``: they address a run here;
+- the gateway's own ``x-run-id`` and ``x-resume-from`` (and an EventSource's
+  ``Last-Event-ID``): they address a run here;
 - ``cookie``: the gateway origin's, nothing an API upstream should see;
 - credentials (``authorization``, ``x-api-key``, ``api-key``): the client's go only to
   an upstream without a credential of its own, and only when the gateway has no keys
@@ -51,7 +52,14 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Never copied from a client's request, whatever the mode.
-NOT_FORWARDED = HOP_BY_HOP | {"expect", "cookie", "authorization", "x-run-id", "x-resume-from"}
+NOT_FORWARDED = HOP_BY_HOP | {
+    "expect",
+    "cookie",
+    "authorization",
+    "x-run-id",
+    "x-resume-from",
+    "last-event-id",
+}
 # A client's credentials besides Authorization (Anthropic-style, Azure-style).
 CREDENTIALS = frozenset({"x-api-key", "api-key"})
 # An upstream that configures one of these has a credential of its own.
