@@ -29,6 +29,8 @@ USAGE_COUNTS = (
     "cache_read_input_tokens",
 )
 THINKING = frozenset({"thinking", "redacted_thinking"})
+# Blocks whose input streams as input_json_delta. Only a tool_use is the client's to
+# run (a tool call, for recovery plans); a server tool's is run by the provider.
 TOOL_USES = frozenset({"tool_use", "server_tool_use"})
 MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
@@ -101,7 +103,7 @@ class MessagesAccumulator(RunAccumulator):
         message["content"] = [block.final() for block in self.blocks]
         message["stop_reason"] = self.finish_reason
         message["stop_sequence"] = self.stop_sequence
-        message["usage"] = self.usage or {}
+        message["usage"] = self.usage or {"input_tokens": 0, "output_tokens": 0}
         return message
 
 
@@ -124,18 +126,18 @@ class MessagesSplicer(Legs):
         self._ids = {call.id for call in self.sent.tool_calls}
 
     def in_flight(self) -> list[str]:
-        names = [_name(held) for held in self._held.values() if _type(held) in TOOL_USES]
+        names = [_name(held) for held in self._held.values() if _type(held) == "tool_use"]
         return self._dropped + names
 
     def held_calls(self) -> list[tuple[str, str]]:
         return [
             (_name(held), "".join(_partial_json(held)))
             for held in self._held.values()
-            if _type(held) in TOOL_USES
+            if _type(held) == "tool_use"
         ]
 
     def holding(self) -> bool:
-        return any(_type(held) in TOOL_USES for held in self._held.values())
+        return any(_type(held) == "tool_use" for held in self._held.values())
 
     def forget_leg(self) -> None:
         self._map.clear()
@@ -295,7 +297,7 @@ class MessagesSplicer(Legs):
         start = events[0]["content_block"]
         kind = start.get("type")
         sent = self.sent
-        if kind in TOOL_USES:
+        if kind == "tool_use":
             start = self._tool_use(start, "".join(_partial_json(events)))
         client = self._new_block(start)
         client.stopped = True

@@ -304,3 +304,23 @@ def test_replay_rebuilds_what_the_client_holds() -> None:
     assert rebuilt.text == "Hello" and rebuilt.reasoning == "Hmm"
     assert [(c.id, c.arguments) for c in rebuilt.tool_calls] == [("toolu_1", '{"a":1}')]
     assert [b.type for b in rebuilt.blocks] == ["thinking", "text", "tool_use"]
+
+
+def test_a_server_tool_use_is_whole_content_not_a_call_for_the_client() -> None:
+    splicer = new()
+    block = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+    delta = {"type": "input_json_delta", "partial_json": '{"query": "x"}'}
+    upstream = [
+        chunk("content_block_start", index=0, content_block=block),
+        chunk("content_block_delta", index=0, delta=delta),
+    ]
+    assert feed(splicer, Leg("msg_a").start() + upstream)  # message_start only
+    assert not splicer.holding()  # the provider runs it: a break here restarts
+    out = feed(splicer, [chunk("content_block_stop", index=0)])
+    assert [e["type"] for e in events(out)] == [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+    ]
+    assert splicer.sent.tool_calls == []  # never a reason to end with stop_reason tool_use
+    assert splicer.sent.message_object()["content"][0]["input"] == {"query": "x"}
