@@ -218,7 +218,8 @@ def expected_answer(spec: ChaosSpec | str) -> Answer:
     )
 
 
-def _content(message: Any) -> str:
+def message_text(message: Any) -> str:
+    """A message's text: its string content, or the text of its content parts."""
     content = message.get("content") if isinstance(message, dict) else None
     if isinstance(content, list):  # content parts
         parts = (part.get("text") for part in content if isinstance(part, dict))
@@ -263,9 +264,9 @@ def assistant_prefix(body: dict[str, Any]) -> str:
     last = messages[-1]
     if _role(last) == "assistant":
         continued = body.get("continue_final_message") is True or last.get("prefix") is True
-        prefix = _content(last) if continued else ""
+        prefix = message_text(last) if continued else ""
     elif _role(last) == "user" and len(messages) >= 2 and _role(messages[-2]) == "assistant":
-        prefix = _content(messages[-2])
+        prefix = message_text(messages[-2])
     else:
         prefix = ""
     return prefix
@@ -286,7 +287,7 @@ def anchor_of(body: dict[str, Any], prefix: str) -> str:
     messages = turns(body)
     if not prefix or not messages or _role(messages[-1]) != "user":
         return ""
-    prompt = _content(messages[-1]).rstrip()
+    prompt = message_text(messages[-1]).rstrip()
     if not prompt.endswith(">>>"):
         return ""
     start = prompt.find("<<<")

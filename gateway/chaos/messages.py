@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos.answer import Script, _content, assistant_prefix, resume_at, script_for
+from gateway.chaos.answer import Script, assistant_prefix, message_text, resume_at, script_for
 from gateway.chaos.render import EventFormat
 from gateway.chaos.spec import ChaosSpec
 
@@ -147,7 +147,7 @@ def prefill_of(body: dict[str, Any]) -> str | None:
     last = messages[-1]
     if not isinstance(last, dict) or last.get("role") != "assistant":
         return None
-    return _content(last)
+    return message_text(last)
 
 
 def messages_prefix(body: dict[str, Any]) -> str:
