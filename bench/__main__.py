@@ -20,7 +20,10 @@ streams of 64 deltas 20 ms apart; non-streaming requests at concurrency 64;
 seam latency; CPU and RSS of the proxy. The Responses API (``POST /v1/responses``)
 gets its own row, against direct and the gateway three ways: one stream's TTFT,
 chat and Responses rounds of 128 streams side by side (the gateway's CPU per
-relayed delta, Responses over chat), and seam latency. Results go to ``bench/results/``
+relayed delta, Responses over chat), and seam latency. The Anthropic Messages API
+(``POST /v1/messages``) gets the same row against the chaos upstream (the bench
+upstream does not speak Messages): one stream's TTFT, chat and Messages rounds of
+128 streams from it side by side, and seam latency. Results go to ``bench/results/``
 (``results.json``, ``results.md``, ``chart.png``); ``--publish`` also puts the
 tables into BENCHMARKS.md.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import os
 import shlex
@@ -77,9 +81,18 @@ upstreams:
   - name: chaos
     base_url: http://127.0.0.1:{chaos}/v1
     timeouts: {{connect: 2, first_byte: 5, idle: 5}}
+  # The same server's /v1/messages; base_url as the anthropic SDK takes it (no /v1).
+  - name: chaos-anthropic
+    kind: anthropic
+    base_url: http://127.0.0.1:{chaos}
+    timeouts: {{connect: 2, first_byte: 5, idle: 5}}
 routes:
+  # A request takes the first route that matches and serves its API.
   - match: "chaos:*"
     upstream: chaos
+    retry: {{retries: 2, backoff_initial: 0, backoff_max: 0, idle_retry_delay: 0}}
+  - match: "chaos:*"
+    upstream: chaos-anthropic
     retry: {{retries: 2, backoff_initial: 0, backoff_max: 0, idle_retry_delay: 0}}
   - match: "*"
     upstream: bench
@@ -136,6 +149,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         # The Responses row: chat and Responses rounds side by side at one N.
         "responses_streams": 8 if quick else 128,
         "responses_rounds": 1 if quick else 5,
+        # The Messages row: the same, chat and Messages rounds from the chaos upstream.
+        "messages_streams": 8 if quick else 128,
+        "messages_rounds": 1 if quick else 5,
     }
 
 
@@ -155,6 +171,9 @@ async def measure(
     gateways = [t for t in targets if t.name in GATEWAYS]
     out["seam"] = await workloads.seam(gateways, chaos, p["recoveries"])
     out["responses"] = await responses(targets, chaos, roles, p, out)
+    # Direct to the chaos upstream: the Messages row's baseline, with its own connections.
+    direct_chaos = Target("direct", chaos.port)
+    out["messages"] = await messages(targets, chaos, direct_chaos, roles, p, out)
     top = str(max(p["levels"]))
     out["resources"] = {}
     for name, kb in idle.items():
@@ -170,7 +189,7 @@ async def measure(
     out["stall_free"] = {
         name: workloads.stall_free(rows) for name, rows in out["concurrency"].items()
     }
-    for connection in [c for t in [*targets, chaos] for c in t.pool]:
+    for connection in [c for t in [*targets, chaos, direct_chaos] for c in t.pool]:
         await connection.close()
     return out
 
@@ -206,6 +225,60 @@ async def responses(
             "chat_frames_vs_direct": out["concurrency"][chat][t.name]["vs_direct"],
             "responses_frames_vs_direct": out["concurrency"][rsp][t.name]["vs_direct"],
             "chat_ttft_added_p50": done["ttft"].get(t.name, {}).get("added_p50"),
+            "ttft_added_p50": out["ttft"][t.name]["added_p50"],
+            "ttft_added_p99": out["ttft"][t.name]["added_p99"],
+            "chat_seam_excess_p50": done["seam"].get(t.name, {}).get("excess_p50"),
+            "seam_excess_p50": seam["excess_p50"],
+            "seam_excess_p99": seam["excess_p99"],
+        }
+    return out
+
+
+async def messages(
+    targets: list[Target],
+    chaos: Target,
+    direct: Target,
+    roles: Roles,
+    p: dict[str, Any],
+    done: dict[str, Any],
+) -> dict[str, Any]:
+    """The Messages API row: direct and the gateways, against the chaos upstream.
+
+    As the Responses row, but the bench upstream does not speak Messages: the CPU
+    rounds ask the chaos upstream for the same answer shape (``CHUNKS`` text deltas,
+    events ``PACE_MS`` apart) over chat and over Messages, side by side, and one
+    stream's TTFT, Messages then chat, is measured against ``direct`` (to the chaos
+    upstream). ``done`` holds the chat seam workload's results, for the summary.
+    """
+    ours = [direct] + [t for t in targets if t.name in GATEWAYS[:3]]
+    gateways = ours[1:]
+    chat, msg, n = workloads.CHAT, workloads.MESSAGES, p["messages_streams"]
+    paced = workloads.chaos_model(workloads.CHUNKS, workloads.PACE_MS)
+    at_once = workloads.chaos_model(workloads.TTFT_CHUNKS, 0)
+    # CPU accounting: the chaos upstream is the upstream of these rounds.
+    chaos_roles = dataclasses.replace(roles, upstream=roles.chaos)
+    out: dict[str, Any] = {"streams": n, "upstream": "chaos"}
+    out["ttft"] = await workloads.ttft(ours, p["ttft_requests"], p["ttft_block"], msg, at_once)
+    out["chat_ttft"] = await workloads.ttft(
+        ours, p["ttft_requests"], p["ttft_block"], chat, at_once
+    )
+    out["concurrency"] = await workloads.protocols(
+        ours, n, p["messages_rounds"], p["warmup"], chaos_roles, msg, paced
+    )
+    out["seam"] = await workloads.seam(gateways, chaos, p["recoveries"], msg)
+    out["summary"] = {}
+    for t in gateways:
+        mine = out["concurrency"][msg][t.name]["cpu_s_per_1000_chunks"]
+        theirs = out["concurrency"][chat][t.name]["cpu_s_per_1000_chunks"]
+        seam = out["seam"][t.name]
+        out["summary"][t.name] = {
+            "streams": n,
+            "chat_cpu_ms_per_delta": theirs,
+            "messages_cpu_ms_per_delta": mine,
+            "cpu_ratio": mine / theirs if mine is not None and theirs else None,
+            "chat_frames_vs_direct": out["concurrency"][chat][t.name]["vs_direct"],
+            "messages_frames_vs_direct": out["concurrency"][msg][t.name]["vs_direct"],
+            "chat_ttft_added_p50": out["chat_ttft"][t.name]["added_p50"],
             "ttft_added_p50": out["ttft"][t.name]["added_p50"],
             "ttft_added_p99": out["ttft"][t.name]["added_p99"],
             "chat_seam_excess_p50": done["seam"].get(t.name, {}).get("excess_p50"),
@@ -280,6 +353,19 @@ def targets_met(results: dict[str, Any]) -> list[dict[str, Any]]:
     for q in ("p50", "p99"):
         excess = row.get(f"seam_excess_{q}")
         check(f"Responses seam {q} minus new leg's TTFT {q}", "≤ 5 ms", excess, 5.0, " ms")
+    row = results.get("messages", {}).get("summary", {}).get(ours, {})
+    n = results.get("messages", {}).get("streams")
+    check(
+        f"Messages CPU per delta vs chat's, {n} streams",
+        "≤ 1.15×",
+        row.get("cpu_ratio"),
+        1.15,
+        "×",
+    )
+    check("Messages added TTFT p50, one stream", "≤ 1 ms", row.get("ttft_added_p50"), 1.0, " ms")
+    for q in ("p50", "p99"):
+        excess = row.get(f"seam_excess_{q}")
+        check(f"Messages seam {q} minus new leg's TTFT {q}", "≤ 5 ms", excess, 5.0, " ms")
     return rows
 
 
@@ -289,11 +375,14 @@ def headroom_notes(results: dict[str, Any]) -> list[str]:
     rounds = [
         (name, n, row) for name, rows in results["concurrency"].items() for n, row in rows.items()
     ]
-    paired = results.get("responses", {})
-    for protocol, rows in paired.get("concurrency", {}).items():
-        rounds += [
-            (f"{name} ({protocol})", str(paired["streams"]), row) for name, row in rows.items()
-        ]
+    for key in ("responses", "messages"):
+        paired = results.get(key, {})
+        where = " from the chaos upstream" if key == "messages" else ""
+        for protocol, rows in paired.get("concurrency", {}).items():
+            rounds += [
+                (f"{name} ({protocol}{where})", str(paired["streams"]), row)
+                for name, row in rows.items()
+            ]
     for name, n, row in rounds:
         pct = row["cpu_pct"]
         harness = pct.get("upstream", 0) + pct.get("client", 0) + pct.get("redis", 0)
@@ -405,6 +494,7 @@ def main() -> int:
             redis_port=ports["redis-server"],
             upstream=[bench.pid],
             redis=[redis.pid],
+            chaos=[chaos.pid],
             everything=[
                 os.getpid(),
                 bench.pid,

@@ -7,7 +7,11 @@ when the server closed it or a request failed.
 
 A connection to a ``/responses`` path reads the Responses API: a content delta is
 a ``response.output_text.delta`` event, the end is ``response.completed``, and
-an ``error`` or ``response.failed`` event is the request's error.
+an ``error`` or ``response.failed`` event is the request's error. One to a
+``/messages`` path reads the Anthropic Messages API: a content delta is a
+``content_block_delta`` whose delta is a non-empty ``text_delta`` (thinking and
+tool-input deltas are not counted), the end is ``message_stop``, and an
+``error`` event is the request's error.
 """
 
 from __future__ import annotations
@@ -85,10 +89,38 @@ def responses_text(document: dict[str, Any]) -> str:
     return text
 
 
+MESSAGES_DELTA = "content_block_delta"
+MESSAGES_DONE = "message_stop"
+MESSAGES_FAILED = "error"
+
+
+def messages_event(event: dict[str, Any], result: Result) -> None:
+    """Note one Messages event in ``result``: a text delta, the end, or a failure."""
+    kind = event.get("type")
+    if kind == MESSAGES_DELTA:
+        delta = event.get("delta")
+        if type(delta) is dict and delta.get("type") == "text_delta" and delta.get("text"):
+            result.times.append(time.perf_counter())
+    elif kind == MESSAGES_DONE:
+        result.done = True
+    elif kind == MESSAGES_FAILED and result.error is None:
+        result.error = f"{kind}: {orjson.dumps(event)[:200].decode(errors='replace')}"
+
+
+def messages_text(document: dict[str, Any]) -> str:
+    """The text of a whole (non-streamed) Message object."""
+    text = ""
+    for block in document.get("content") or ():
+        if block.get("type") == "text":
+            text += block.get("text") or ""
+    return text
+
+
 class Connection:
     def __init__(self, host: str, port: int, path: str, headers: dict[str, str]) -> None:
         self._host, self._port = host, port
         self._responses = path.rstrip("/").endswith("/responses")
+        self._messages = path.rstrip("/").endswith("/messages")
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self._head = (
             f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
@@ -157,6 +189,8 @@ class Connection:
             document = orjson.loads(b"".join([part async for part in body]))
             if self._responses:
                 text = responses_text(document) if document.get("status") == "completed" else ""
+            elif self._messages:
+                text = messages_text(document) if document.get("stop_reason") else ""
             else:
                 text = document["choices"][0]["message"]["content"]
             if text:
@@ -172,6 +206,8 @@ class Connection:
                 data = line[5:].strip()
                 if self._responses:
                     responses_event(orjson.loads(data), result)
+                elif self._messages:
+                    messages_event(orjson.loads(data), result)
                 elif data == b"[DONE]":
                     result.done = True
                 elif has_content(orjson.loads(data)):

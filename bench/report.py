@@ -306,21 +306,49 @@ def _stall_free(results: Results) -> list[str]:
 
 def _responses(results: Results) -> list[str]:
     """The Responses API row: its own TTFT, CPU per delta next to chat's, and seam."""
-    section = _section(results, "responses")
+    streams = COUNT(_section(results, "responses").get("streams"))
+    intro = (
+        f"`POST /v1/responses` against the same upstream (the same text deltas and pacing, as "
+        f"Responses events). CPU per delta from chat and Responses rounds of {streams} streams "
+        "run alternately; TTFT and seam as the chat workloads, each against direct Responses "
+        "(LiteLLM is not measured here)."
+    )
+    return _protocol_row(results, "responses", "Responses", intro)
+
+
+def _messages(results: Results) -> list[str]:
+    """The Anthropic Messages API row, against the chaos upstream."""
+    streams = COUNT(_section(results, "messages").get("streams"))
+    intro = (
+        "`POST /v1/messages` (an `anthropic` upstream). Every figure of this row, chat's too, "
+        "is against the chaos upstream, as the bench upstream does not speak Messages: CPU per "
+        f"delta from chat and Messages rounds of {streams} streams asking it for the same "
+        "answer (64 text deltas, every event 20 ms apart), run alternately; one stream's TTFT "
+        "and the seam as the chat workloads, against the chaos upstream directly (LiteLLM is "
+        "not measured here)."
+    )
+    return _protocol_row(results, "messages", "Messages", intro, " (chaos upstream)")
+
+
+def _protocol_row(
+    results: Results, key: str, name: str, intro: str, chat_where: str = ""
+) -> list[str]:
+    """A protocol's row (section ``key``): its own TTFT, CPU per delta next to chat's, seam."""
+    section = _section(results, key)
     if not section:
         return []
     view = {"configs": results.get("configs"), "labels": results.get("labels"), **section}
     streams = COUNT(section.get("streams"))
     summary = [
-        ("chat CPU ms / delta", _col("chat_cpu_ms_per_delta", CPU_S)),
-        ("Responses CPU ms / delta", _col("responses_cpu_ms_per_delta", CPU_S)),
-        ("Responses ÷ chat", _col("cpu_ratio", RATIO)),
+        (f"chat{chat_where} CPU ms / delta", _col("chat_cpu_ms_per_delta", CPU_S)),
+        (f"{name} CPU ms / delta", _col(f"{key}_cpu_ms_per_delta", CPU_S)),
+        (f"{name} ÷ chat", _col("cpu_ratio", RATIO)),
         ("chat × direct", _col("chat_frames_vs_direct", RATIO)),
-        ("Responses × direct", _col("responses_frames_vs_direct", RATIO)),
+        (f"{name} × direct", _col(f"{key}_frames_vs_direct", RATIO)),
         ("added TTFT p50: chat", _col("chat_ttft_added_p50", SIGNED_MS)),
-        ("Responses", _col("ttft_added_p50", SIGNED_MS)),
+        (name, _col("ttft_added_p50", SIGNED_MS)),
         ("seam − leg TTFT p50: chat", _col("chat_seam_excess_p50", SIGNED_MS)),
-        ("Responses", _col("seam_excess_p50", SIGNED_MS)),
+        (name, _col("seam_excess_p50", SIGNED_MS)),
     ]
     rounds = _entry(section, "concurrency")
     columns = [
@@ -336,23 +364,21 @@ def _responses(results: Results) -> list[str]:
     ]
     rows = [
         [protocol, _label(results, c), *(cell(row) for _, cell in columns)]
-        for protocol in ("chat", "responses")
+        for protocol in ("chat", key)
         for c in _order(results, _entry(rounds, protocol))
         if (row := _entry(_entry(rounds, protocol), c))
     ]
+    title = "Anthropic Messages API" if key == "messages" else f"{name} API"
     return [
-        "### Responses API, side by side with chat",
+        f"### {title}, side by side with chat",
         "",
-        f"`POST /v1/responses` against the same upstream (the same text deltas and pacing, as "
-        f"Responses events). CPU per delta from chat and Responses rounds of {streams} streams "
-        "run alternately; TTFT and seam as the chat workloads, each against direct Responses "
-        "(LiteLLM is not measured here).",
+        intro,
         "",
         *_config_table(view, "summary", summary),
-        f"#### {streams} concurrent streams, chat and Responses rounds alternating",
+        f"#### {streams} concurrent streams, chat and {name} rounds alternating",
         "",
         *_table(["protocol", "config", *(h for h, _ in columns)], rows, left=2),
-        "#### Responses: one stream, time to first token",
+        f"#### {name}: one stream, time to first token",
         "",
         *_config_table(
             view,
@@ -366,7 +392,7 @@ def _responses(results: Results) -> list[str]:
                 ("errors", _col("errors", COUNT)),
             ],
         ),
-        "#### Responses: seam latency",
+        f"#### {name}: seam latency",
         "",
         *_config_table(
             view,
@@ -450,6 +476,7 @@ def markdown(results: Results) -> str:
         _resources,
         _stall_free,
         _responses,
+        _messages,
     )
     lines = [line for section in sections for line in section(results)]
     return "\n".join(lines).rstrip() + "\n"

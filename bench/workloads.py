@@ -6,7 +6,9 @@ a workload goes through ``bench.client``; its CPU accounting reads /proc.
 
 Most workloads speak chat completions; ``ttft``, ``seam`` and ``protocols`` (chat
 and Responses streams at one N, in alternating order within each round) also
-speak the Responses API (``protocol=RESPONSES``).
+speak the Responses API (``protocol=RESPONSES``) and the Anthropic Messages API
+(``protocol=MESSAGES``). The bench upstream does not speak Messages: its row runs
+against the chaos upstream, chat and Messages alike (``chaos_model``).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ STALL = 0.040  # a gap longer than this is a stall
 TTFT_CHUNKS = 4  # the one-stream TTFT workload: a short answer, no pacing
 NONSTREAM_CHUNKS = 16  # the non-streaming workload's answer, in tokens
 MS = 1000.0
-CHAT, RESPONSES = "chat", "responses"
-PATHS = {CHAT: "/v1/chat/completions", RESPONSES: "/v1/responses"}
+CHAT, RESPONSES, MESSAGES = "chat", "responses", "messages"
+PATHS = {CHAT: "/v1/chat/completions", RESPONSES: "/v1/responses", MESSAGES: "/v1/messages"}
+MAX_TOKENS = 4096  # a Messages request must say it
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Roles:
     redis: list[int]
     everything: list[int]  # every process of the benchmark, idle proxies too
     redis_port: int | None = None  # for the commands it processed (Redis ops/s)
+    chaos: list[int] = field(default_factory=list)  # the chaos upstream (the Messages row's)
 
     def redis_commands(self) -> int:
         """Commands the benchmark's redis-server processed so far (INFO stats)."""
@@ -96,9 +100,19 @@ def model(chunks: int, pace_ms: int) -> str:
 MODELS = (model(TTFT_CHUNKS, 0), model(CHUNKS, PACE_MS), model(NONSTREAM_CHUNKS, 0))
 
 
+def chaos_model(chunks: int, pace_ms: int) -> str:
+    """The chaos upstream's model name for the same answer shape: ``chunks`` text deltas,
+    every event ``pace_ms`` apart (it paces the events around the text deltas too)."""
+    return f"chaos:text={chunks}" + (f",pace_ms={pace_ms}" if pace_ms else "")
+
+
 def body(model: str, stream: bool, protocol: str = CHAT, **extra: Any) -> bytes:
     if protocol == RESPONSES:
         return orjson.dumps({"model": model, "input": "hi", "stream": stream} | extra)
+    if protocol == MESSAGES:
+        turns = [{"role": "user", "content": "hi"}]
+        document = {"model": model, "max_tokens": MAX_TOKENS, "messages": turns, "stream": stream}
+        return orjson.dumps(document | extra)
     return orjson.dumps(
         {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream} | extra
     )
@@ -148,10 +162,17 @@ def failures(errors: Sequence[str]) -> dict[str, Any]:
 
 
 async def ttft(
-    targets: Sequence[Target], requests: int, block: int, protocol: str = CHAT
+    targets: Sequence[Target],
+    requests: int,
+    block: int,
+    protocol: str = CHAT,
+    name: str | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``requests`` sequential streams per target, in blocks of ``block`` that rotate."""
-    payload = body(model(TTFT_CHUNKS, 0), True, protocol)
+    """``requests`` sequential streams per target, in blocks of ``block`` that rotate.
+
+    ``name``: the model (default: the bench upstream's ``TTFT_CHUNKS`` deltas, unpaced).
+    """
+    payload = body(name or model(TTFT_CHUNKS, 0), True, protocol)
     samples: dict[str, list[float]] = {t.name: [] for t in targets}
     failed: dict[str, list[str]] = {t.name: [] for t in targets}
     for r, target in rotations(targets, -(-requests // block), 1):
@@ -254,10 +275,19 @@ async def sample_rss(target: Target, after: float, into: Sweep) -> None:
 
 
 async def streams_round(
-    target: Target, protocol: str, n: int, roles: Roles, sweep: Sweep, counted: bool
+    target: Target,
+    protocol: str,
+    n: int,
+    roles: Roles,
+    sweep: Sweep,
+    counted: bool,
+    name: str | None = None,
 ) -> None:
-    """One round: ``n`` streams of ``CHUNKS`` deltas at once, tallied in ``sweep`` if counted."""
-    payload = body(model(CHUNKS, PACE_MS), True, protocol)
+    """One round: ``n`` streams of ``CHUNKS`` deltas at once, tallied in ``sweep`` if counted.
+
+    ``name``: the model (default: the bench upstream's ``CHUNKS`` deltas ``PACE_MS`` apart).
+    """
+    payload = body(name or model(CHUNKS, PACE_MS), True, protocol)
     connections = target.connections(n, protocol)
     await connect_all(connections)
     before, commands = roles.cpu(target), roles.redis_commands()
@@ -301,19 +331,27 @@ async def concurrency(
 
 
 async def protocols(
-    targets: Sequence[Target], n: int, rounds: int, warmup: int, roles: Roles
+    targets: Sequence[Target],
+    n: int,
+    rounds: int,
+    warmup: int,
+    roles: Roles,
+    other: str = RESPONSES,
+    name: str | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Chat and Responses rounds of ``n`` streams, side by side: protocol -> target -> row.
+    """Chat and ``other`` rounds of ``n`` streams, side by side: protocol -> target -> row.
 
-    Within each (rotating) round a target runs one chat round and one Responses
+    Within each (rotating) round a target runs one chat round and one ``other``
     round, in alternating order from round to round, so both meet the same drift.
+    ``name``: the model both ask for (default: the bench upstream's, as ``streams_round``).
     """
-    sweeps = {(t.name, p): Sweep() for t in targets for p in (CHAT, RESPONSES)}
+    sweeps = {(t.name, p): Sweep() for t in targets for p in (CHAT, other)}
     for r, target in rotations(targets, rounds, warmup):
-        for protocol in (CHAT, RESPONSES) if r % 2 == 0 else (RESPONSES, CHAT):
-            await streams_round(target, protocol, n, roles, sweeps[target.name, protocol], r >= 0)
+        for protocol in (CHAT, other) if r % 2 == 0 else (other, CHAT):
+            sweep = sweeps[target.name, protocol]
+            await streams_round(target, protocol, n, roles, sweep, r >= 0, name)
     out = {}
-    for protocol in (CHAT, RESPONSES):
+    for protocol in (CHAT, other):
         rows = summaries({t.name: sweeps[t.name, protocol] for t in targets}, n, rounds)
         for row in rows.values():
             row.pop("rss_kb")  # the concurrency workload measures memory
@@ -383,14 +421,25 @@ async def nonstream(
 SEAM_TEXT, SEAM_AT = 40, 20
 
 
-# Responses seams take seeds from here on: ``times=1`` counts by the exact model string,
-# and the chat seams of the same run use 0, 1, 2…
+# Responses and Messages seams take seeds from here on: ``times=1`` counts by the exact
+# model string, and the chat seams of the same run use 0, 1, 2…
 RESPONSES_SEEDS = 1_000_000
+MESSAGES_SEEDS = 2_000_000
+FIRST_SEEDS = {CHAT: 0, RESPONSES: RESPONSES_SEEDS, MESSAGES: MESSAGES_SEEDS}
 
 
 def continuation(spec: str, protocol: str) -> bytes:
-    """The continuation request a recovery sends: half the answer as an assistant message."""
+    """The continuation request a recovery sends: half the answer as an assistant message.
+
+    Messages: as the gateway continues on an anthropic upstream (prefill), the original
+    turn, then the text so far as the final assistant message, trailing whitespace cut.
+    """
     answer = expected_answer(spec).text
+    if protocol == MESSAGES:
+        prefill = answer[: len(answer) // 2].rstrip()
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": prefill}]
+        document = {"model": spec, "max_tokens": MAX_TOKENS, "messages": messages}
+        return orjson.dumps(document | {"stream": True})
     turns = [
         {"role": "assistant", "content": answer[: len(answer) // 2]},
         {"role": "user", "content": "continue"},
@@ -416,7 +465,7 @@ async def seam(
     legs: dict[str, list[float]] = {t.name: [] for t in targets}
     failed: dict[str, list[str]] = {t.name: [] for t in targets}
     (direct,) = chaos.connections(1, protocol)
-    first_seed = RESPONSES_SEEDS if protocol == RESPONSES else 0
+    first_seed = FIRST_SEEDS[protocol]
     for i, (_, target) in enumerate(rotations(targets, recoveries, 0)):
         # A distinct seed per stream: ``times=1`` counts by the exact model string.
         spec = f"chaos:text={SEAM_TEXT},seed={first_seed + i}"

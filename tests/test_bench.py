@@ -2,18 +2,26 @@
 
 A smoke test, no timing assertions: every target (direct, the gateway four
 ways, LiteLLM's proxy) answers every workload without an error, the Responses
-API row (direct and the gateway) too, durability sync is reported next to async,
-and the results are written as JSON, markdown and a PNG chart.
+and Messages API rows (direct and the gateway) too, durability sync is reported
+next to async, and the results are written as JSON, markdown and a PNG chart.
+The benchmark client's Messages reader is checked on its own against known
+chaos answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+
+from bench.client import Connection, Result
+from bench.workloads import MESSAGES, PATHS, body, continuation
+from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ["direct", "off", "memory", "redis", "redis-async", "litellm"]
@@ -68,11 +76,82 @@ def test_quick_benchmark_runs_every_workload_against_every_target(tmp_path: Path
         assert set(responses["summary"][name]) >= {"cpu_ratio", "ttft_added_p50"}
     assert "litellm" not in responses["ttft"]
 
+    # The Messages row: the same, against the chaos upstream (chat's rounds and TTFT too).
+    messages = results["messages"]
+    for name in ("direct", "off", "memory", "redis"):
+        for key in ("ttft", "chat_ttft"):
+            ttft = messages[key][name]
+            assert ttft["n"] > 0 and ttft["errors"] == 0 and ttft["p50"] > 0, (name, key, ttft)
+        for protocol in ("chat", "messages"):
+            row = messages["concurrency"][protocol][name]
+            assert row["errors"] == 0 and row["frames_per_s"] > 0, (name, protocol, row)
+            assert row["total_streams"] == messages["streams"], (name, protocol, row)
+    for name in ("off", "memory", "redis"):
+        seam = messages["seam"][name]
+        assert seam["n"] > 0 and seam["errors"] == 0, (name, seam)
+        assert seam["p50"] > 0 and seam["leg_ttft_p50"] > 0, (name, seam)
+        summary = messages["summary"][name]
+        assert summary["messages_cpu_ms_per_delta"] > 0, (name, summary)
+        assert summary["cpu_ratio"] > 0, (name, summary)
+        assert summary["ttft_added_p50"] is not None, (name, summary)
+    assert "litellm" not in messages["ttft"]
+
     markdown = (tmp_path / "results.md").read_text()
     assert "### Responses API, side by side with chat" in markdown
+    assert "### Anthropic Messages API, side by side with chat" in markdown
+    assert "| Messages CPU per delta vs chat's, 8 streams | ≤ 1.15× |" in markdown
     assert "### Durability: sync (group commit) vs async, Redis checkpoints" in markdown
     assert "| Responses CPU per delta vs chat's, 8 streams | ≤ 1.25× |" in markdown
     assert "smoke" in markdown.lower()
     assert "LiteLLM proxy" in markdown and "| Added TTFT p50, one stream |" in markdown
     assert (tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert run.stdout.startswith("## Results")
+
+
+@pytest.fixture(scope="module")
+def chaos() -> Iterator[ChaosUpstream]:
+    with running_chaos_upstream() as upstream:
+        yield upstream
+
+
+def messages_request(upstream: ChaosUpstream, payload: bytes, stream: bool = True) -> Result:
+    async def request() -> Result:
+        connection = Connection("127.0.0.1", upstream.port, PATHS[MESSAGES], {})
+        try:
+            return await connection.request(payload, stream=stream)
+        finally:
+            await connection.close()
+
+    return asyncio.run(request())
+
+
+def test_the_messages_reader_counts_the_text_deltas_of_a_chaos_answer(
+    chaos: ChaosUpstream,
+) -> None:
+    # Thinking, signature, tool_use and input_json deltas are not text: 12 deltas only.
+    spec = "chaos:text=12,reasoning=3,tools=1,seed=7"
+    result = messages_request(chaos, body(spec, True, MESSAGES))
+    assert result.error is None and result.done, result
+    assert len(result.times) == 12
+    assert result.ttft is not None and result.ttft > 0
+    assert result.times == sorted(result.times)
+
+    whole = messages_request(chaos, body(spec, False, MESSAGES), stream=False)
+    assert whole.error is None and whole.done and len(whole.times) == 1
+
+    # An overloaded_error event after 5 text deltas: an error, and no message_stop.
+    broken = messages_request(chaos, body("chaos:text=12,fault=error,at=5", True, MESSAGES))
+    assert not broken.done and len(broken.times) == 5
+    assert broken.error is not None and "overloaded_error" in broken.error
+
+
+def test_the_messages_seam_baseline_is_a_prefill_the_chaos_upstream_continues(
+    chaos: ChaosUpstream,
+) -> None:
+    spec = "chaos:text=40,seed=3"
+    result = messages_request(chaos, continuation(spec, MESSAGES))
+    assert result.error is None and result.done and result.times, result
+    (recorded,) = chaos.requests_for(spec)
+    text = expected_answer(spec).text
+    assert recorded.prefix and text.startswith(recorded.prefix)
+    assert recorded.answered_text == text[len(recorded.prefix) :]
