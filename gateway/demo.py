@@ -13,8 +13,11 @@ The client is plain httpx + httpx-sse, as someone without the openai package wou
 write it: content and tool-call deltas, ``finish_reason``, an in-band
 ``{"error": ...}`` event, ``[DONE]``. One more scene speaks the Responses API
 (``POST /v1/responses``) through the openai SDK's ``client.responses.stream()``,
-which checks the event order strictly; it is skipped, with a note, when the
-openai package is not installed (it is a development dependency).
+which checks the event order strictly, and one the Anthropic Messages API
+(``POST /v1/messages``, an ``anthropic`` upstream on the same chaos server) through
+the anthropic SDK's ``client.messages.stream()``, with extended thinking and a
+tool. Each is skipped, with a note, when its SDK is not installed (both are
+development dependencies).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from gateway.chaos import (
     running_chaos_upstream,
 )
 from gateway.chaos.answer import find_prefix
+from gateway.chaos.messages import messages_prefix
 from gateway.config import GatewayConfig, parse_config
 from gateway.metrics import Metrics
 from gateway.recovery.classify import DESCRIPTIONS, Cause
@@ -57,7 +61,7 @@ IDLE_TIMEOUT = 1.0  # seconds without a byte before the gateway calls a stream s
 PACE_MS = 35  # between the upstream's deltas, so the answers arrive as a model's would
 
 
-CHAT, RESPONSES = "chat", "responses"
+CHAT, RESPONSES, MESSAGES = "chat", "responses", "messages"
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,9 @@ class Scenario:
     title: str  # what breaks, and where
     spec: str  # the chaos model name, without pacing; times=1: only the first request breaks
     rescuable: bool = True
-    api: str = CHAT  # chat completions (httpx), or the Responses API (the openai SDK)
+    # Chat completions (httpx), the Responses API (the openai SDK), or the Anthropic
+    # Messages API (the anthropic SDK).
+    api: str = CHAT
 
 
 SCENARIOS = (
@@ -103,6 +109,13 @@ SCENARIOS = (
         "chaos:text=32,seed=6,fault=reset,at=12,times=1",
         api=RESPONSES,
     ),
+    Scenario(
+        "The Anthropic Messages API, through the anthropic SDK's client.messages.stream(), "
+        "with extended thinking and a tool: an overloaded_error event after the thinking and "
+        "12 of 32 text deltas",
+        "chaos:text=32,reasoning=8,tools=1,seed=8,fault=error,at=20,times=1",
+        api=MESSAGES,
+    ),
 )
 
 
@@ -110,17 +123,27 @@ SCENARIOS = (
 
 
 def demo_config(upstream_url: str) -> GatewayConfig:
-    """One upstream, short timeouts and a short retry backoff, quiet logs, memory state."""
+    """The chaos upstream twice (its OpenAI APIs, and its Messages API as an ``anthropic``
+    upstream), short timeouts and a short retry backoff, quiet logs, memory state."""
     retry = {"retries": 2, "backoff_initial": 0.05, "backoff_max": 0.2, "idle_retry_delay": 0}
+    timeouts = {"connect": 2, "first_byte": 5, "idle": IDLE_TIMEOUT}
     data = {
         "upstreams": [
+            {"name": "chaos", "base_url": upstream_url, "timeouts": timeouts},
             {
-                "name": "chaos",
-                "base_url": upstream_url,
-                "timeouts": {"connect": 2, "first_byte": 5, "idle": IDLE_TIMEOUT},
-            }
+                "name": "chaos-anthropic",
+                "kind": "anthropic",
+                # As the anthropic SDK takes it: the server's root, without /v1.
+                "base_url": upstream_url.removesuffix("/v1"),
+                "timeouts": timeouts,
+            },
         ],
-        "routes": [{"match": "*", "upstream": "chaos", "retry": retry}],
+        # A request takes the first route that serves its API: /v1/messages the first,
+        # the rest (and requests without a model) the second.
+        "routes": [
+            {"match": "*", "upstream": "chaos-anthropic", "retry": retry},
+            {"match": "*", "upstream": "chaos", "retry": retry},
+        ],
         "logging": {"level": "error"},
     }
     return parse_config(data, "demo config")
@@ -152,6 +175,15 @@ class Received:
     response_ids: set[str] = field(default_factory=set)
     status: str | None = None
     final_text: str | None = None
+    # The Messages API only: each content block's type as it started, the indexes that
+    # started and stopped, the thinking and its signature, and the message_stop events.
+    # (Its message ids go in response_ids, its stop reasons in finish_reasons.)
+    blocks: list[str] = field(default_factory=list)
+    started: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)
+    thinking: str = ""
+    signature: str = ""
+    stops: int = 0
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -253,6 +285,85 @@ def stream_response(base_url: str, model: str, show: Callable[[str], None]) -> R
     return received
 
 
+MESSAGES_PROMPT = "Tell me how streams survive failure, then look up the weather."
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def stream_message(base_url: str, model: str, show: Callable[[str], None]) -> Received:
+    """Stream one Messages API answer with the anthropic SDK; ``show`` each text delta.
+
+    Extended thinking on and a tool offered, as an agent asks. ``client.messages.stream()``
+    assembles the message as it goes (and raises on an event out of order); an
+    ``event: error`` is raised as an ``APIStatusError``.
+    """
+    from anthropic import Anthropic, APIError
+
+    received = Received()
+    with Anthropic(
+        base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=30.0
+    ) as client:
+        try:
+            with client.messages.stream(
+                model=model,
+                max_tokens=4096,
+                thinking={"type": "enabled", "budget_tokens": 1024},
+                tools=[WEATHER_TOOL],  # type: ignore[list-item]
+                messages=[{"role": "user", "content": MESSAGES_PROMPT}],
+            ) as events:
+                last: float | None = None
+                for event in events:
+                    now = time.perf_counter()
+                    if last is not None:
+                        received.longest_pause = max(received.longest_pause, now - last)
+                    last = now
+                    _message_event(received, event, show)
+                final = events.get_final_message()
+                received.final_text = "".join(b.text for b in final.content if b.type == "text")
+        except APIError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body.get("error")
+            code = error.get("type") if isinstance(error, dict) else None
+            received.error = {"message": exc.message, "code": code}
+        except (RuntimeError, ValueError) as exc:  # the SDK's own checks of the events
+            received.error = {"message": str(exc), "code": "sdk_check"}
+    return received
+
+
+def _message_event(received: Received, event: Any, show: Callable[[str], None]) -> None:
+    """Note one event of the anthropic SDK's message stream in ``received``."""
+    if event.type == "message_start":
+        received.response_ids.add(event.message.id)
+    elif event.type == "content_block_start":
+        received.started.append(event.index)
+        received.blocks.append(event.content_block.type)
+    elif event.type == "text":
+        received.text += event.text
+        show(event.text)
+    elif event.type == "thinking":
+        received.thinking += event.thinking
+    elif event.type == "signature":
+        received.signature = event.signature
+    elif event.type == "content_block_stop":
+        received.stopped.append(event.index)
+        block = event.content_block
+        if block.type == "tool_use":
+            arguments = orjson.dumps(block.input).decode()
+            received.calls[event.index] = {
+                "id": block.id,
+                "name": block.name,
+                "arguments": arguments,
+            }
+    elif event.type == "message_delta":
+        received.finish_reasons.append(event.delta.stop_reason)
+    elif event.type == "message_stop":
+        received.stops += 1
+        received.done = True
+
+
 # -- the evidence: the gateway's metrics, the upstream's recorded requests ---------------
 
 Tally = dict[str, dict[tuple[str, ...], float]]
@@ -294,13 +405,22 @@ class Rescue:
     resumed_at: list[int]
 
 
+def _prefix(request: RecordedRequest, text: str) -> str:
+    """The text a request continued: on /v1/messages a trailing assistant message (a
+    prefill) is continued too."""
+    if request.path == "/v1/messages":
+        prefix = messages_prefix(request.body)
+        return prefix if text.startswith(prefix) else ""
+    return find_prefix(request.body, text)
+
+
 def rescue_of(
     before: Tally, after: Tally, requests: list[RecordedRequest], answer: Answer
 ) -> Rescue:
     def listed(name: str) -> list[tuple[str, str]]:
         return [(k[0], k[1]) for k, n in _increase(before, after, name).items() for _ in range(n)]
 
-    prefixes = [len(find_prefix(r.body, answer.text)) for r in requests if isinstance(r.body, dict)]
+    prefixes = [len(_prefix(r, answer.text)) for r in requests if isinstance(r.body, dict)]
     return Rescue(
         interruptions=listed("interruptions"),
         recoveries=listed("recoveries"),
@@ -371,6 +491,56 @@ def responses_differences(expected: Answer, received: Received) -> list[str]:
         problems.append(f"no response.completed (status {received.status!r})")
     if received.final_text != received.text:
         problems.append("the final response's output_text is not the streamed text")
+    return problems
+
+
+def messages_differences(expected: Answer, received: Received) -> list[str]:
+    """How a Messages stream differs from an unbroken answer; empty when it does not.
+
+    The text and the thinking, whole and exact; the thinking signed; the tool calls
+    whole (their input parsed); one message id; each block (thinking, text, tool_use)
+    started and stopped once, indexes 0, 1, 2…; one message_delta with the stop
+    reason, one message_stop; the SDK's final message saying the streamed text.
+    """
+    problems = []
+    if received.error is not None:
+        problems.append(f"the stream ended with an error: {received.error.get('message')}")
+    if received.text != expected.text:
+        agree = len(os.path.commonprefix([received.text, expected.text]))
+        problems.append(
+            f"the text differs from character {agree} on ({len(received.text)} characters "
+            f"received, {len(expected.text)} expected)"
+        )
+    if received.thinking != expected.reasoning:
+        problems.append("the thinking differs")
+    if expected.reasoning and not received.signature:
+        problems.append("the thinking has no signature")
+    want = [(c.id, c.name, orjson.loads(c.arguments)) for c in expected.tool_calls]
+    try:
+        got = [(c.id, c.name, orjson.loads(c.arguments)) for c in received.tool_calls]
+    except orjson.JSONDecodeError:
+        got = []
+    if got != want:
+        problems.append("the tool calls differ")
+    blocks = ["thinking"] * bool(expected.reasoning) + ["text"] * bool(expected.text)
+    blocks += ["tool_use"] * len(expected.tool_calls)
+    if received.blocks != blocks:
+        problems.append(f"blocks {received.blocks}, not {blocks}")
+    indexes = list(range(len(received.blocks)))
+    if received.started != indexes or received.stopped != indexes:
+        problems.append(
+            f"blocks started {received.started} and stopped {received.stopped}, "
+            f"not each of {indexes} once"
+        )
+    if len(received.response_ids) != 1:
+        problems.append(f"{len(received.response_ids)} message ids, not one")
+    stop_reason = "tool_use" if expected.tool_calls else "end_turn"
+    if received.finish_reasons != [stop_reason]:
+        problems.append(f"stop_reason {received.finish_reasons}, not [{stop_reason!r}]")
+    if received.stops != 1:
+        problems.append(f"{received.stops} message_stop events, not one")
+    if received.final_text != received.text:
+        problems.append("the final message's text is not the streamed text")
     return problems
 
 
@@ -507,6 +677,29 @@ def _responses_received_line(received: Received, seconds: float) -> str:
     return f"{', '.join(parts)}; then {ending}  ({seconds:.1f} s)"
 
 
+def _messages_received_line(received: Received, seconds: float) -> str:
+    blocks = ", ".join(received.blocks) or "none"
+    whole = received.started == received.stopped == list(range(len(received.blocks)))
+    parts = [
+        f"{len(received.text)} characters",
+        f"blocks {blocks} ({'each started and stopped once' if whole else 'NOT EACH WHOLE'})",
+    ]
+    if received.response_ids:
+        ids = ", ".join(sorted(received.response_ids))
+        parts.append(f"message id {ids}" if len(received.response_ids) == 1 else f"ids {ids}")
+    ending = [f"stop_reason {_quote(r)}" for r in received.finish_reasons]
+    if received.error is not None:
+        ending.append(f"an error ({received.error.get('code')})")
+    ending.append(f"{received.stops} message_stop" if received.stops != 1 else "message_stop")
+    return f"{', '.join(parts)}; then {', '.join(ending)}  ({seconds:.1f} s)"
+
+
+def _thinking_line(received: Received) -> str:
+    shown = received.thinking if len(received.thinking) <= 40 else received.thinking[:39] + "…"
+    signed = f"signature {received.signature}" if received.signature else "NOT SIGNED"
+    return f"{_quote(shown)}  ({len(received.thinking)} characters, {signed})"
+
+
 def _broke_line(rescue: Rescue, received: Received) -> str:
     if not rescue.interruptions:
         return "nothing (the fault did not reach the gateway)"
@@ -589,6 +782,8 @@ class Stage:
         before, seen = tally(self.metrics), len(self.upstream.requests)
         if api == RESPONSES:
             received = stream_response(self.gateway_url, model, show)
+        elif api == MESSAGES:
+            received = stream_message(self.gateway_url, model, show)
         else:
             received = stream_answer(self.client, self.gateway_url, model, show)
         requests = self.upstream.requests[seen:]
@@ -617,7 +812,8 @@ def staged() -> Iterator[Stage]:
 class Outcome:
     broke: bool  # the gateway saw the fault
     passed: bool  # the client got what it should have
-    skipped: bool = False  # not run: the openai package is not installed
+    skipped: bool = False  # not run: its SDK (``missing``) is not installed
+    missing: str = ""
 
 
 def has_openai() -> bool:
@@ -628,6 +824,26 @@ def has_openai() -> bool:
     return True
 
 
+def has_anthropic() -> bool:
+    try:
+        import anthropic  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The SDK scenes: the package each needs, and how the report names its client.
+SDKS = {
+    RESPONSES: ("openai", has_openai, "openai SDK: client.responses.stream(model=..., input=...)"),
+    MESSAGES: (
+        "anthropic",
+        has_anthropic,
+        "anthropic SDK: client.messages.stream(model=..., max_tokens=4096, thinking="
+        '{"type": "enabled", "budget_tokens": 1024}, tools=[get_weather], messages=...)',
+    ),
+}
+
+
 def run_scenario(
     number: str, scenario: Scenario, stage: Stage, report: Report, pace_ms: int
 ) -> Outcome:
@@ -636,23 +852,29 @@ def run_scenario(
     report.line()
     report.paragraph(f"{number}  {scenario.title}", indent="     ", code="1")
     report.field("model", model)
-    responses = scenario.api == RESPONSES
-    if responses and not has_openai():
-        report.field("skipped", "the openai package is not installed (pip install openai)")
-        return Outcome(broke=False, passed=True, skipped=True)
-    if responses:
-        report.field("client", "openai SDK: client.responses.stream(model=..., input=...)")
+    responses, messages = scenario.api == RESPONSES, scenario.api == MESSAGES
+    if scenario.api in SDKS:
+        package, installed, client = SDKS[scenario.api]
+        if not installed():
+            why = f"the {package} package is not installed (pip install {package})"
+            report.field("skipped", why)
+            return Outcome(broke=False, passed=True, skipped=True, missing=package)
+        report.field("client", client)
     started = time.perf_counter()
-    report.start_live("text" if responses else "client")
+    report.start_live("text" if scenario.api in SDKS else "client")
     try:
         received, rescue = stage.stream(model, report.live, scenario.api)
     finally:
         report.end_live()
     for call in received.tool_calls:
         report.field("", _tool_line(call))
+    if messages:
+        report.field("thinking", _thinking_line(received))
     seconds = time.perf_counter() - started
     if responses:
         report.field("received", _responses_received_line(received, seconds))
+    elif messages:
+        report.field("received", _messages_received_line(received, seconds))
     else:
         report.field("received", _received_line(received, seconds))
     if received.error is not None and not scenario.rescuable:
@@ -670,6 +892,11 @@ def run_scenario(
         report.verdict(
             "identical to an unbroken answer, one response, sequence_number without a gap",
             problems,
+        )
+    elif messages:
+        problems = messages_differences(expected, received)
+        report.verdict(
+            "identical to an unbroken answer, every block whole, one message_stop", problems
         )
     elif scenario.rescuable:
         problems = differences(expected, received)
@@ -717,23 +944,29 @@ def _summary(
         texts.append(
             f"{refused} unrecoverable error ended its stream with an explicit error event."
         )
-    if skipped := len(outcomes) - len(pairs):
-        texts.append(f"{skipped} skipped: the openai package is not installed.")
+    for package in sorted({o.missing for o in outcomes if o.skipped}):
+        skipped = sum(o.skipped and o.missing == package for o in outcomes)
+        texts.append(f"{skipped} skipped: the {package} package is not installed.")
     report.paragraph(f"{' '.join(texts)} ({seconds:.1f} s)", code="32;1")
 
 
 def _hint(report: Report) -> None:
     report.line()
-    report.line("Try it with your own client (any OpenAI SDK; the model name picks the fault):")
+    report.line(
+        "Try it with your own client (any OpenAI or Anthropic SDK; the model name picks the fault):"
+    )
     for command in (
         "resumable-gateway chaos-upstream --port 9000 &",
-        "GATEWAY_UPSTREAM_BASE_URL=http://127.0.0.1:9000/v1 resumable-gateway serve &",
+        "GATEWAY_UPSTREAM_BASE_URL=http://127.0.0.1:9000/v1 \\",
+        "  GATEWAY_ANTHROPIC_BASE_URL=http://127.0.0.1:9000 resumable-gateway serve &",
         "export OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=unused",
+        "export ANTHROPIC_BASE_URL=http://127.0.0.1:8080 ANTHROPIC_API_KEY=unused",
     ):
         report.line("  " + command)
     report.line('  then stream model "chaos:text=40,fault=reset,at=12,times=1,pace_ms=30"')
     report.line("  (times=1: only the first request with that exact name breaks; vary seed=)")
     report.line("  or the same model with client.responses.stream(model=..., input=...)")
+    report.line("  or with client.messages.stream(model=..., max_tokens=..., messages=...)")
 
 
 def run_demo(

@@ -15,11 +15,13 @@ import pytest
 
 from gateway.chaos import Answer, expected_answer
 from gateway.demo import (
+    MESSAGES,
     RESPONSES,
     SCENARIOS,
     Received,
     Scenario,
     differences,
+    messages_differences,
     responses_differences,
     run_demo,
     surfaced_cleanly,
@@ -39,8 +41,14 @@ EXPECTED = {
     ),
     "chaos:text=32,seed=5,fault=error_fatal,at=10,times=1": ("in_band_error", None),
     "chaos:text=32,seed=6,fault=reset,at=12,times=1": ("reset", "continue_text"),  # Responses
+    # Messages: an overloaded_error event, after the thinking and 12 text deltas.
+    "chaos:text=32,reasoning=8,tools=1,seed=8,fault=error,at=20,times=1": (
+        "in_band_error",
+        "continue_text",
+    ),
 }
 RESPONSES_SPEC = "chaos:text=32,seed=6,fault=reset,at=12,times=1"
+MESSAGES_SPEC = "chaos:text=32,reasoning=8,tools=1,seed=8,fault=error,at=20,times=1"
 TOOLS_SPEC = "chaos:text=8,tools=2,arg_deltas=6,seed=4"
 
 
@@ -65,11 +73,12 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
     assert set(reports) == set(EXPECTED) == {s.spec for s in SCENARIOS}
     for spec, (cause, plan) in EXPECTED.items():
         report = reports[spec]
-        assert f"broke     {cause}: upstream 'chaos'" in report, report
+        upstream = "chaos-anthropic" if spec == MESSAGES_SPEC else "chaos"
+        assert f"broke     {cause}: upstream '{upstream}'" in report, report
         if plan is None:
             assert "handled   not retried" in report, report
             assert "an explicit error, no [DONE], the text so far intact: yes" in report, report
-        elif spec != RESPONSES_SPEC:  # its own check, below
+        elif spec not in (RESPONSES_SPEC, MESSAGES_SPEC):  # their own checks, below
             assert f"rescued   {plan}: " in report, report
             assert "check     identical to an unbroken answer: yes" in report, report
     tool_report = reports[f"{TOOLS_SPEC},fault=reset,at=11,times=1"]
@@ -86,7 +95,21 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
     assert re.search(r"^ +seam +…\S", responses, flags=re.MULTILINE), responses
     check = "identical to an unbroken answer, one response, sequence_number without a gap: yes"
     assert f"check {check}" in flat, responses
-    assert "6 streams broke, 6 rescued" in result.stdout
+
+    # The Messages scene: the anthropic SDK's client.messages.stream(), thinking and a tool.
+    messages = reports[MESSAGES_SPEC]
+    flat = " ".join(messages.split())
+    assert "rescued continue_text: " in flat, messages
+    assert "client anthropic SDK: client.messages.stream(" in flat, messages
+    assert "blocks thinking, text, tool_use (each started and stopped once)" in flat, messages
+    assert re.search(r'message id msg_chaos_\d+; then stop_reason "tool_use", message_stop ', flat)
+    thinking = len(expected_answer(MESSAGES_SPEC).reasoning)
+    assert re.search(rf'thinking ".+" \({thinking} characters, signature sig_\d+_\w+\)', flat)
+    assert messages.count("valid JSON") == 1 and "INVALID" not in messages, messages
+    assert re.search(r"^ +seam +…\S", messages, flags=re.MULTILINE), messages
+    check = "identical to an unbroken answer, every block whole, one message_stop: yes"
+    assert f"check {check}" in flat, messages
+    assert "7 streams broke, 7 rescued" in result.stdout
     assert "OPENAI_BASE_URL=http://127.0.0.1:8080/v1" in result.stdout
 
 
@@ -186,6 +209,69 @@ def test_the_responses_scene_is_skipped_without_the_openai_package(
     report = out.getvalue()
     assert "skipped   the openai package is not installed" in report
     assert "streams broke" not in report and "1 skipped: the openai package" in report
+
+
+def messages_received(expected: Answer, **changes: object) -> Received:
+    """What the SDK client of the Messages scene gathers from an unbroken answer."""
+    calls = {
+        2 + i: {"id": c.id, "name": c.name, "arguments": c.arguments}
+        for i, c in enumerate(expected.tool_calls)
+    }
+    received = Received(
+        text=expected.text,
+        calls=calls,
+        finish_reasons=["tool_use"],
+        done=True,
+        response_ids={"msg_1"},
+        final_text=expected.text,
+        blocks=["thinking", "text", "tool_use"],
+        started=[0, 1, 2],
+        stopped=[0, 1, 2],
+        thinking=expected.reasoning,
+        signature="sig_1",
+        stops=1,
+    )
+    return dataclasses.replace(received, **changes)  # type: ignore[arg-type]
+
+
+def test_the_messages_check_bites() -> None:
+    expected = expected_answer("chaos:text=20,reasoning=5,tools=1,seed=8")
+    assert messages_differences(expected, messages_received(expected)) == []
+    (call,) = expected.tool_calls
+    half_call = {2: {"id": call.id, "name": call.name, "arguments": call.arguments[:-3]}}
+    other_call = {2: {"id": call.id, "name": call.name, "arguments": '{"city": "Paris"}'}}
+    variants: list[dict[str, object]] = [
+        {"text": expected.text[:-1]},
+        {"thinking": expected.reasoning[1:]},
+        {"signature": ""},
+        {"calls": half_call},
+        {"calls": other_call},
+        {"calls": {}},
+        {"blocks": ["thinking", "text", "text", "tool_use"], "started": [0, 1, 2, 3]},
+        {"stopped": [0, 2]},  # the text block never stopped
+        {"started": [0, 1, 1, 2]},
+        {"response_ids": {"msg_1", "msg_2"}},
+        {"finish_reasons": ["tool_use", "end_turn"]},
+        {"finish_reasons": []},
+        {"stops": 2},
+        {"stops": 0, "done": False},
+        {"final_text": expected.text[:5]},
+        {"error": {"message": "Overloaded", "code": "overloaded_error"}},
+    ]
+    for changes in variants:
+        assert messages_differences(expected, messages_received(expected, **changes)), changes
+
+
+def test_the_messages_scene_is_skipped_without_the_anthropic_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "anthropic", None)  # import anthropic raises ImportError
+    (scene,) = [s for s in SCENARIOS if s.api == MESSAGES]
+    out = io.StringIO()
+    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    report = out.getvalue()
+    assert "skipped   the anthropic package is not installed" in report
+    assert "streams broke" not in report and "1 skipped: the anthropic package" in report
 
 
 def test_a_stream_that_cannot_be_rescued_fails_the_demo() -> None:
