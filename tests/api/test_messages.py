@@ -396,3 +396,13 @@ def test_a_refused_prefill_never_masks_the_failure(
     requests = chaos.requests_for(model)
     assert any(r.attempt is None for r in requests)  # the prefill refused with a 400
     assert requests[-1].body["messages"][-1]["role"] == "user"  # then prompt mode
+
+
+def test_create_stream_true_through_the_sdk_keeps_the_contract(sdk: anthropic.Anthropic) -> None:
+    model = "chaos:text=25,reasoning=3,tools=1,seed=68,fault=error,at=11,times=1"
+    with sdk.messages.create(model=model, max_tokens=1024, messages=ASK, stream=True) as stream:
+        events: list[dict[str, Any]] = [event.to_dict(mode="json") for event in stream]
+    check_contract(events)
+    assert text(events) == expected_answer(model).text
+    kinds = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert kinds == ["thinking", "text", "tool_use"]
