@@ -67,10 +67,9 @@ class Block:
         elif self.type == "thinking":
             block["thinking"] = "".join(self.text)
             block["signature"] = self.signature or ""
-        elif self.type in TOOL_USES:
-            arguments = "".join(self.json)
+        elif self.type in TOOL_USES and self.json:  # else: the input its start gave
             try:
-                block["input"] = orjson.loads(arguments) if arguments else {}
+                block["input"] = orjson.loads("".join(self.json))
             except orjson.JSONDecodeError:
                 block["input"] = {}
         return block
@@ -130,10 +129,9 @@ class MessagesSplicer(Legs):
         return self._dropped + names
 
     def held_calls(self) -> list[tuple[str, str]]:
+        held = self._held.values()
         return [
-            (_name(held), "".join(_partial_json(held)))
-            for held in self._held.values()
-            if _type(held) == "tool_use"
+            (_name(events), _arguments(events)) for events in held if _type(events) == "tool_use"
         ]
 
     def holding(self) -> bool:
@@ -252,6 +250,7 @@ class MessagesSplicer(Legs):
         return self._release_pending(index, text) if text else None
 
     def _release_pending(self, index: int, text: str) -> bytes:
+        out = self._close_open()
         client = self._new_block(self._pending.pop(index))
         self._map[index] = client
         client.text.append(text)
@@ -261,7 +260,7 @@ class MessagesSplicer(Legs):
             "index": client.index,
             "content_block": client.start,
         }
-        return render(start) + self._text_delta(client, text)
+        return out + render(start) + self._text_delta(client, text)
 
     def _stop(self, index: Any) -> bytes | None:
         if type(index) is not int:
@@ -278,6 +277,11 @@ class MessagesSplicer(Legs):
         block = self._map.get(index)
         return None if block is None else self._close(block)
 
+    def _close_open(self) -> bytes:
+        """Stop the client's open text block, if it has one."""
+        block = self.sent.open_text()
+        return b"" if block is None else self._close(block)
+
     def _close(self, block: Block) -> bytes:
         """Stop a client text block, with what its seam still held."""
         if block.stopped:
@@ -293,15 +297,19 @@ class MessagesSplicer(Legs):
         return out + render({"type": "content_block_stop", "index": block.index})
 
     def _release(self, events: list[dict[str, Any]]) -> bytes:
-        """A held block, stopped upstream: sent whole under its client index."""
+        """A held block, stopped upstream: sent whole under its client index, after the
+        client's open text block is stopped (a later leg's first block may not be text)."""
         start = events[0]["content_block"]
         kind = start.get("type")
         sent = self.sent
+        out = self._close_open()
         if kind == "tool_use":
-            start = self._tool_use(start, "".join(_partial_json(events)))
+            start = self._tool_use(start, _arguments(events))
         client = self._new_block(start)
         client.stopped = True
-        out = render({"type": "content_block_start", "index": client.index, "content_block": start})
+        out += render(
+            {"type": "content_block_start", "index": client.index, "content_block": start}
+        )
         for event in events[1:]:
             delta = event.get("delta")
             if type(delta) is not dict:
@@ -341,11 +349,20 @@ class MessagesSplicer(Legs):
         reason = delta.get("stop_reason")
         return self._finish(reason if type(reason) is str else "end_turn", delta)
 
-    def _finish(self, reason: str, delta: dict[str, Any]) -> bytes:
-        """Stop what the client has open, then the one message_delta."""
+    def _finish(self, reason: str, delta: dict[str, Any], *, upstream: bool = True) -> bytes:
+        """Stop what the client has open, then the one message_delta.
+
+        ``upstream``: the upstream's message_delta, which a server that does not stop
+        every block first may send while a block is held: those that are whole go out.
+        """
         sent = self.sent
+        out = b""
+        if upstream:
+            for events in self._held.values():
+                if _whole(events):
+                    out += self._release(events)
         self._held.clear()
-        out = b"".join(self._close(block) for block in sent.blocks if not block.stopped)
+        out += b"".join(self._close(block) for block in sent.blocks if not block.stopped)
         sent.finish_reason = reason
         sent.stop_sequence = delta.get("stop_sequence")
         self.finished = True
@@ -358,7 +375,7 @@ class MessagesSplicer(Legs):
 
     def synthesize_tool_use(self) -> bytes:
         """End the answer with the tool uses the client has (SynthesizeToolUse)."""
-        return self._finish("tool_use", {})
+        return self._finish("tool_use", {}, upstream=False)
 
     def close(self) -> bytes:
         return MESSAGE_STOP
@@ -410,6 +427,31 @@ def _type(events: list[dict[str, Any]]) -> Any:
 def _name(events: list[dict[str, Any]]) -> str:
     name = events[0]["content_block"].get("name")
     return name if type(name) is str and name else "unnamed tool"
+
+
+def _arguments(events: list[dict[str, Any]]) -> str:
+    """A tool use's input as JSON: its input_json_deltas, else the input its start gave."""
+    streamed = "".join(_partial_json(events))
+    if streamed:
+        return streamed
+    given = events[0]["content_block"].get("input")
+    return orjson.dumps(given).decode() if type(given) is dict and given else ""
+
+
+def _whole(events: list[dict[str, Any]]) -> bool:
+    """Whether a held block that was never stopped is whole all the same: a thinking
+    block with its signature, a tool use whose input parses."""
+    kind = _type(events)
+    if kind == "thinking":
+        deltas = [e.get("delta") for e in events[1:]]
+        return any(type(d) is dict and d.get("type") == "signature_delta" for d in deltas)
+    if kind in TOOL_USES:
+        try:
+            orjson.loads(_arguments(events) or "{}")
+        except orjson.JSONDecodeError:
+            return False
+        return True
+    return bool(kind == "redacted_thinking")
 
 
 def _partial_json(events: list[dict[str, Any]]) -> list[str]:

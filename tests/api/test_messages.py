@@ -152,12 +152,21 @@ def test_text_survives_every_fault_at_every_point(
     [
         (0, 2),  # nothing sent: whole restart
         (4, 2),  # mid-text: continue, then both calls
+        (6, 2),  # after the last text delta, before its stop: the text block is open
         (8, 2),  # text + half of call 0: drop it, continue, both calls
         (10, 2),  # call 0's every fragment, not its stop: not whole, so dropped
         (11, 1),  # call 0 stopped, call 1 begun: finish with call 0, no upstream call
         (14, 1),  # after call 1's last fragment, before its stop: it is not whole
     ],
-    ids=["before-content", "mid-text", "mid-arguments", "no-stop", "between-calls", "last"],
+    ids=[
+        "before-content",
+        "mid-text",
+        "text-unstopped",
+        "mid-arguments",
+        "no-stop",
+        "between-calls",
+        "last",
+    ],
 )
 def test_tool_uses_survive_every_fault_at_every_point(
     recovering: RunningGateway, sdk: anthropic.Anthropic, fault: str, at: int, calls: int

@@ -324,3 +324,48 @@ def test_a_server_tool_use_is_whole_content_not_a_call_for_the_client() -> None:
     ]
     assert splicer.sent.tool_calls == []  # never a reason to end with stop_reason tool_use
     assert splicer.sent.message_object()["content"][0]["input"] == {"query": "x"}
+
+
+def test_a_later_legs_first_block_stops_the_clients_open_text_block_first() -> None:
+    splicer = new()
+    out = feed(splicer, Leg("msg_a").start() + Leg.text(0, "Let me look.", stop=False))
+    next_leg(splicer, Plan.CONTINUE_TEXT)  # the continuation begins with a tool use
+    out += feed(
+        splicer, Leg("msg_b").start() + Leg.tool(0, "toolu_1", "{}") + Leg.end("tool_use", 2)
+    )
+    client = events(out + splicer.close())
+    check_blocks(client)
+    order = [(e["type"], e.get("index")) for e in client if "index" in e and "delta" not in e]
+    assert order == [
+        ("content_block_start", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_stop", 1),
+    ]
+
+
+def test_blocks_whole_at_a_message_delta_that_came_before_their_stop_go_out() -> None:
+    splicer = new()
+    out = feed(splicer, Leg("msg_a").start() + Leg.thinking(0, "Hmm", signature=None))
+    out += feed(splicer, [chunk("content_block_delta", index=0,
+                                delta={"type": "signature_delta", "signature": "s"})])  # fmt: skip
+    out += feed(splicer, Leg.tool(1, "toolu_1", '{"a":', " 1}", stop=False))
+    out += feed(splicer, Leg.tool(2, "toolu_2", '{"b":', stop=False))  # cut: not whole
+    out += feed(splicer, Leg.end("tool_use", 5)) + splicer.close()
+    client = events(out)
+    check_blocks(client)
+    kinds = [e["content_block"]["type"] for e in client if e["type"] == "content_block_start"]
+    assert kinds == ["thinking", "tool_use"]
+    assert [(c.id, c.arguments) for c in splicer.sent.tool_calls] == [("toolu_1", '{"a": 1}')]
+
+
+def test_a_tool_use_whose_start_holds_its_input_keeps_it() -> None:
+    splicer = new()
+    block = {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "x"}}
+    upstream = [
+        chunk("content_block_start", index=0, content_block=block),
+        chunk("content_block_stop", index=0),
+    ]
+    feed(splicer, Leg("msg_a").start() + upstream + Leg.end("tool_use", 1))
+    assert splicer.sent.tool_calls[0].arguments == '{"q":"x"}'
+    assert splicer.sent.message_object()["content"][0]["input"] == {"q": "x"}
