@@ -54,7 +54,7 @@ from gateway.recovery.events import Chunk, Done, InBandError, Malformed
 from gateway.recovery.plan import Plan, plan_recovery
 from gateway.recovery.seam import SeamRule
 from gateway.recovery.throughput import ThroughputGuard
-from gateway.upstream.client import PREFILL_MODES, UpstreamClient, UpstreamHTTPError
+from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import aiter_data
 
@@ -140,6 +140,7 @@ class Run:
         # its seam (README, "Crash resume").
         self.trim_next_seam = True
         self._seam: SeamRule | None = None  # what the open continuation repeats first
+        self._prefilled = False  # the open request ends with an assistant message
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
         self.on_interrupted: Callable[[], None] | None = None
 
@@ -172,6 +173,7 @@ class Run:
         """The body for ``leg`` under the current plan; None if the leg cannot continue."""
         body = self.adapter.upstream_body(self._body, leg.model)
         self._seam = None
+        self._prefilled = False
         if self._plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
             continued = self.adapter.continuation(
                 body,
@@ -184,6 +186,7 @@ class Run:
                 return None
             body = continued.body
             self._seam = continued.seam if self.trim_next_seam else None
+            self._prefilled = continued.prefill
         # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
         # shrunk, and this one is kept (by the upstream request) as long as the run.
         return bytes(memoryview(orjson.dumps(body)))
@@ -247,8 +250,10 @@ class Run:
         for the upstream and model, so later runs go straight to prompt mode."""
         if self._plan not in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
             return False
+        # What was sent, not the leg's mode: a request with thinking on, or a prefix of
+        # whitespace only, went in prompt mode whatever the mode says.
         mode = self._upstreams.continuation_of(leg)
-        if exc.status_code not in (400, 422) or mode not in PREFILL_MODES:
+        if exc.status_code not in (400, 422) or not self._prefilled:
             return False
         if is_context_length_error(exc.content):
             return False

@@ -138,7 +138,8 @@ class MessagesAdapter(Adapter):
         messages[-2] = assistant | {
             "content": [*signed, {"type": "text", "text": assistant["content"]}]
         }
-        return ContinuationRequest(continued.body | {"messages": messages}, continued.seam)
+        body = continued.body | {"messages": messages}
+        return ContinuationRequest(body, continued.seam, prefill=continued.prefill)
 
     def assemble(self, accumulator: RunAccumulator) -> dict[str, Any]:
         assert isinstance(accumulator, MessagesAccumulator)

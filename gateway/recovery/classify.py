@@ -76,7 +76,8 @@ def is_transient_error(error: dict[str, object]) -> bool:
 
 
 def is_context_length_error(content: bytes) -> bool:
-    return b"context_length_exceeded" in content
+    """A request over the model's context: OpenAI's code, or Anthropic's words."""
+    return b"context_length_exceeded" in content or b"prompt is too long" in content
 
 
 def retry_after_seconds(headers: list[tuple[str, str]]) -> float | None:

@@ -27,6 +27,9 @@ LITERAL = None  # the upstream continues right after the prefix: nothing to cut
 class ContinuationRequest:
     body: dict[str, Any]
     seam: SeamRule | None
+    # It ends with an assistant message for the model to go on (a prefill): a 4xx
+    # answer to it may be the model refusing that, never to a prompt-mode request.
+    prefill: bool = True
 
 
 def continuation_request(
@@ -56,7 +59,8 @@ def continuation_request(
             {"role": "assistant", "content": prefix},
             {"role": "user", "content": prompt},
         ]
-        return ContinuationRequest(body | {turns: messages}, SeamRule(tail, restart=True))
+        anchor = SeamRule(tail, restart=True)
+        return ContinuationRequest(body | {turns: messages}, anchor, prefill=False)
     if capability == "prefill":  # Anthropic: a final assistant message is continued
         # It refuses one that ends in whitespace; the reply then usually begins with the
         # whitespace the client already has: exactly that is cut when it does.
