@@ -19,6 +19,16 @@ def speaks_anthropic(request: Request) -> bool:
     return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
+def client_protocol(request: Request) -> str:
+    """The API family of a request that is not a model call of its own (pass-through,
+    ``/v1/models``): ``messages`` from an Anthropic client (a ``/v1/messages/...`` path,
+    or the ``anthropic-version`` header its SDKs always send), else ``chat``. It picks
+    the upstream, so an Anthropic client's key never goes to an OpenAI upstream."""
+    if speaks_anthropic(request) or "anthropic-version" in request.headers:
+        return "messages"
+    return "chat"
+
+
 def credential(request: Request) -> str | None:
     """The credential a client presented, which owns the runs it starts: its
     ``Authorization`` (the openai SDK), else its ``x-api-key`` (the anthropic SDK)."""

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.api.fields import without_gateway_fields
-from gateway.api.inbound import speaks_anthropic
+from gateway.api.inbound import client_protocol
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure, sse_error_event
 from gateway.upstream.headers import end_to_end_headers, forwarded_request_headers
@@ -98,26 +98,30 @@ async def passthrough(request: Request) -> Response:
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
     content = await gateway.read_body(request)
+    # An Anthropic client's requests (count_tokens, batches) go where its models do,
+    # OpenAI's (embeddings, files) to an upstream that speaks OpenAI's.
+    protocol = client_protocol(request)
     if content and "json" in request.headers.get("content-type", ""):
         try:
             parsed = orjson.loads(content)
         except orjson.JSONDecodeError:
             parsed = None  # the upstream judges its own input
         if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
-            # The Messages API's other paths (count_tokens) go where its models do;
-            # OpenAI's (embeddings, completions) to an upstream that speaks OpenAI's.
-            protocol = "messages" if speaks_anthropic(request) else "chat"
             leg = gateway.router.resolve(parsed["model"], protocol).legs[0]
             return await forward_json(request, gateway, leg, parsed, client_authorization)
-    leg = gateway.router.default_leg()
+    leg = gateway.router.default_leg(protocol)
     return await relay(request, gateway, leg, content, client_authorization, target)
 
 
 async def list_models(request: Request) -> Response:
-    """The default upstream's models, plus every route that names a model exactly."""
+    """The default upstream's models, plus every route that names a model exactly. An
+    Anthropic client gets its upstream's list as it is (its SDK reads Anthropic's shape)."""
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
-    leg = gateway.router.default_leg()
+    if client_protocol(request) == "messages":
+        leg = gateway.router.default_leg("messages")
+        return await relay(request, gateway, leg, b"", client_authorization)
+    leg = gateway.router.default_leg("chat")
     forwarded = forwarded_request_headers(
         request.headers.items(), credentials=gateway.auth.passes_credentials
     )

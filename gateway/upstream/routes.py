@@ -114,9 +114,11 @@ class Router:
         """Route patterns that name one model exactly (no glob characters)."""
         return [r.match for r in self._routes if not any(c in r.match for c in "*?[")]
 
-    def default_leg(self) -> ResolvedLeg:
-        """Where requests without a model go: the last route's primary (the catch-all)."""
-        route = self._routes[-1]
+    def default_leg(self, protocol: str | None = None) -> ResolvedLeg:
+        """Where requests without a model go: the primary of the last route (the
+        catch-all) with a leg that serves ``protocol``, else of the last route."""
+        serving = [route for route in self._routes if self._serves(route, protocol)]
+        route = (serving or self._routes)[-1]
         return self._leg(route, self._config.upstream(route.upstream), route.model or "")
 
     @staticmethod

@@ -18,8 +18,9 @@ import orjson
 import pytest
 from anthropic.types import MessageParam
 
-from gateway.chaos import ChaosUpstream, expected_answer
+from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 from gateway.chaos.messages import thinking_signature
+from gateway.config import parse_config
 from gateway.protocols.messages_splice import PING
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
@@ -415,3 +416,37 @@ def test_create_stream_true_through_the_sdk_keeps_the_contract(sdk: anthropic.An
     assert text(events) == expected_answer(model).text
     kinds = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
     assert kinds == ["thinking", "text", "tool_use"]
+
+
+def test_an_anthropic_clients_other_requests_never_reach_the_openai_upstream(
+    chaos: ChaosUpstream,
+) -> None:
+    """With an OpenAI and an Anthropic upstream (as the embedded defaults have them), a
+    request of the anthropic SDK that names no model, or is not a message, still goes
+    to the Anthropic one: its key must never reach OpenAI."""
+    with running_chaos_upstream() as openai_side:
+        settings = parse_config(
+            {
+                "upstreams": [
+                    {"name": "openai", "base_url": openai_side.base_url},
+                    {"name": "claude", "kind": "anthropic", "base_url": chaos.base_url},
+                ],
+                "routes": [
+                    {"match": "*", "upstream": "claude"},
+                    {"match": "*", "upstream": "openai"},
+                ],
+            }
+        )
+        chaos.requests.clear()
+        with running_gateway(settings) as gateway:
+            key = {"x-api-key": "sk-ant-secret", "anthropic-version": "2023-06-01"}
+            with httpx.Client(base_url=gateway.url, timeout=5) as http:
+                models = http.get("/v1/models", headers=key)
+                http.post("/v1/messages/count_tokens", json={"model": "m", "messages": ASK},
+                          headers=key)  # fmt: skip
+                http.get("/v1/models", headers={"authorization": "Bearer sk-openai"})
+        assert models.status_code == 200
+        assert [r.path for r in chaos.requests] == ["/v1/models", "/v1/messages/count_tokens"]
+        assert all(r.headers["x-api-key"] == "sk-ant-secret" for r in chaos.requests)
+        assert [r.path for r in openai_side.requests] == ["/v1/models"]
+        assert "x-api-key" not in openai_side.requests[0].headers
