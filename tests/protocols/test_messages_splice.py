@@ -314,7 +314,8 @@ def test_a_server_tool_use_is_whole_content_not_a_call_for_the_client() -> None:
         chunk("content_block_start", index=0, content_block=block),
         chunk("content_block_delta", index=0, delta=delta),
     ]
-    assert feed(splicer, Leg("msg_a").start() + upstream)  # message_start only
+    held = events(feed(splicer, Leg("msg_a").start() + upstream))
+    assert [e["type"] for e in held] == ["message_start"]  # nothing of it before its stop
     assert not splicer.holding()  # the provider runs it: a break here restarts
     out = feed(splicer, [chunk("content_block_stop", index=0)])
     assert [e["type"] for e in events(out)] == [
