@@ -257,8 +257,9 @@ class State(_Model):
     detach_grace: float = Field(default=30.0, ge=0)  # a run without a client goes on this long
     lease_ttl: float = Field(default=5.0, gt=0)  # an owner silent this long is presumed dead
     # A client stream with nothing to send for this long (a recovery's backoff, a long
-    # Retry-After) gets a ": keepalive" comment, so proxies do not time it out; never
-    # on a stream with event ids (a comment after an id: line breaks SDK decoders).
+    # Retry-After) gets a ": keepalive" comment (a Messages stream: event: ping), so
+    # proxies do not time it out; never on a stream with event ids (a comment after
+    # an id: line breaks SDK decoders).
     keepalive_interval: float = Field(default=15.0, gt=0)
     # Keys the hash of a run's credential; unset: shared through Redis (or per process).
     owner_key: SecretStr | None = None
