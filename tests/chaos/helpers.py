@@ -122,3 +122,61 @@ def stream(
         except httpx.TransportError as exc:
             error = exc
     return Received(response.status_code, response.headers, chunks, error)
+
+
+@dataclass
+class Raw:
+    """A stream of named events as bytes (the Responses and Messages dialects): its
+    status, the pieces read, and the transport error that ended it, if one did."""
+
+    status: int
+    chunks: list[bytes]
+    error: httpx.TransportError | None
+
+    @property
+    def raw(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def events(self) -> list[tuple[str, str]]:
+        """``(event field, data)`` of each complete event, decoded as SSE says (any line end)."""
+        lines = re.split(r"\r\n|\r|\n", self.raw.decode("utf-8"))[:-1]
+        events: list[tuple[str, str]] = []
+        name, data = "", list[str]()
+        for line in lines:
+            if not line:
+                if data:
+                    events.append((name, "\n".join(data)))
+                name, data = "", []
+                continue
+            key, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+        return events
+
+    def objects(self) -> list[dict[str, Any]]:
+        """The JSON events, checked against their ``event:`` field (malformed ones dropped)."""
+        objects = []
+        for name, data in self.events():
+            try:
+                obj = json.loads(data)
+            except json.JSONDecodeError:
+                continue
+            assert obj["type"] == name
+            objects.append(obj)
+        return objects
+
+
+def read_raw(client: httpx.Client, path: str, payload: dict[str, Any]) -> Raw:
+    """POST ``payload`` to ``path`` and read the answer's bytes until it ends or breaks."""
+    chunks: list[bytes] = []
+    error: httpx.TransportError | None = None
+    with client.stream("POST", path, json=payload) as response:
+        try:
+            for piece in response.iter_raw():
+                chunks.append(piece)
+        except httpx.TransportError as exc:
+            error = exc
+    return Raw(response.status_code, chunks, error)

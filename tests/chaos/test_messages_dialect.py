@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from gateway.chaos.answer import script_for
 from gateway.chaos.messages import message_id
 from gateway.chaos.spec import parse_spec
 from gateway.recovery.classify import is_transient_error
+from tests.chaos.helpers import Raw, read_raw
 
 TEXT = expected_answer("chaos").text
 USER: MessageParam = {"role": "user", "content": "Say something."}
@@ -39,48 +39,6 @@ def sdk_client(upstream: ChaosUpstream) -> anthropic.AsyncAnthropic:
 # --- reading a Messages stream as bytes ----------------------------------------------------
 
 
-@dataclass
-class Raw:
-    status: int
-    chunks: list[bytes]
-    error: httpx.TransportError | None
-
-    @property
-    def raw(self) -> bytes:
-        return b"".join(self.chunks)
-
-    def events(self) -> list[tuple[str, str]]:
-        """``(event field, data)`` of each complete event, decoded as SSE says (any line end)."""
-        lines = re.split(r"\r\n|\r|\n", self.raw.decode("utf-8"))[:-1]
-        events: list[tuple[str, str]] = []
-        name, data = "", list[str]()
-        for line in lines:
-            if not line:
-                if data:
-                    events.append((name, "\n".join(data)))
-                name, data = "", []
-                continue
-            key, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if key == "event":
-                name = value
-            elif key == "data":
-                data.append(value)
-        return events
-
-    def objects(self) -> list[dict[str, Any]]:
-        """The JSON events, checked against their ``event:`` field (malformed ones dropped)."""
-        objects = []
-        for name, data in self.events():
-            try:
-                obj = json.loads(data)
-            except json.JSONDecodeError:
-                continue
-            assert obj["type"] == name
-            objects.append(obj)
-        return objects
-
-
 def post_stream(
     client: httpx.Client, model: str, messages: list[Any] | None = None, **body: Any
 ) -> Raw:
@@ -91,15 +49,7 @@ def post_stream(
         "stream": True,
         **body,
     }
-    chunks: list[bytes] = []
-    error: httpx.TransportError | None = None
-    with client.stream("POST", "/messages", json=payload) as response:
-        try:
-            for piece in response.iter_raw():
-                chunks.append(piece)
-        except httpx.TransportError as exc:
-            error = exc
-    return Raw(response.status_code, chunks, error)
+    return read_raw(client, "/messages", payload)
 
 
 def post_json(client: httpx.Client, model: str, messages: list[Any], **body: Any) -> httpx.Response:
