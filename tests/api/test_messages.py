@@ -24,6 +24,7 @@ from gateway.chaos.messages import thinking_signature
 from gateway.chaos.spec import parse_spec
 from gateway.config import parse_config
 from gateway.protocols.messages_splice import PING
+from tests.protocols.named import events as named_events
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
 FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
@@ -73,15 +74,8 @@ def raw_events(gateway: RunningGateway, body: dict[str, Any], **headers: str) ->
 
 
 def parse(raw: bytes) -> list[dict[str, Any]]:
-    events = []
-    for frame in raw.split(b"\n\n"):
-        if not frame or frame == PING.rstrip(b"\n"):
-            continue
-        head, _, data = frame.partition(b"\ndata: ")
-        obj = orjson.loads(data)
-        assert head == b"event: " + obj["type"].encode(), frame
-        events.append(obj)
-    return events
+    """The client's events, but the gateway's pings (not part of the run)."""
+    return [event for event in named_events(raw) if event["type"] != "ping"]
 
 
 def check_contract(events: list[dict[str, Any]]) -> None:

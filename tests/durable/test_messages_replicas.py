@@ -227,14 +227,11 @@ def kill_when_checkpointed_ahead(
     a.kill()
 
 
-# -- takeover through the anthropic SDK ---------------------------------------------------------
-
-
-def test_sdk_resume_on_another_replica_after_the_owner_is_killed_takes_the_run_over(
-    anthropic_replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
-) -> None:
-    model = "chaos:text=80,seed=41,pace_ms=25,reasoning=4,tools=1"
-    a, b = anthropic_replicas.start("A", "B")
+def read_then_kill(
+    a: Replica, store: redis.Redis, model: str, count: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """Stream ``model`` from ``a`` with the SDK, read ``count`` events, then SIGKILL ``a``
+    once its checkpoint is ahead of the client: (run id, the events the client has)."""
     first: list[dict[str, Any]] = []
     with sdk(a) as client:
         raw = client.messages.with_raw_response.create(
@@ -244,10 +241,22 @@ def test_sdk_resume_on_another_replica_after_the_owner_is_killed_takes_the_run_o
         stream = raw.parse()
         for event in stream:
             first.append(event.to_dict(mode="json"))
-            if len(first) == 10:
+            if len(first) == count:
                 break
         kill_when_checkpointed_ahead(a, store, run_id, len(first))
         stream.close()
+    return run_id, first
+
+
+# -- takeover through the anthropic SDK ---------------------------------------------------------
+
+
+def test_sdk_resume_on_another_replica_after_the_owner_is_killed_takes_the_run_over(
+    anthropic_replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+) -> None:
+    model = "chaos:text=80,seed=41,pace_ms=25,reasoning=4,tools=1"
+    a, b = anthropic_replicas.start("A", "B")
+    run_id, first = read_then_kill(a, store, model, 10)
     held = text_of(first)
     assert held, "the client has no text yet: the kill is not mid-text"
     resume = {"x-run-id": run_id, "x-resume-from": str(len(first))}
@@ -318,19 +327,7 @@ def test_another_credential_gets_a_404_on_another_replica_and_takes_nothing_over
 ) -> None:
     model = "chaos:text=60,seed=44,pace_ms=20,reasoning=2,tools=1"
     a, b = anthropic_replicas.start("A", "B")
-    first: list[dict[str, Any]] = []
-    with sdk(a) as client:
-        raw = client.messages.with_raw_response.create(
-            model=model, max_tokens=MAX_TOKENS, messages=MESSAGES, stream=True
-        )
-        run_id = raw.headers["x-run-id"]
-        stream = raw.parse()
-        for event in stream:
-            first.append(event.to_dict(mode="json"))
-            if len(first) == 8:
-                break
-        kill_when_checkpointed_ahead(a, store, run_id, len(first))
-        stream.close()
+    run_id, first = read_then_kill(a, store, model, 8)
     # The run is orphaned: whoever resumes it first takes it over, if it owns it.
     resume = {"x-run-id": run_id, "x-resume-from": str(len(first))}
     with sdk(b, api_key="sk-other") as client:

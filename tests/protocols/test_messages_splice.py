@@ -17,6 +17,7 @@ from gateway.protocols.messages_splice import (
 from gateway.recovery.events import DONE, Chunk, InBandError
 from gateway.recovery.plan import Plan
 from gateway.recovery.seam import SeamRule
+from tests.protocols.named import events
 
 
 def chunk(kind: str, **fields: Any) -> Chunk:
@@ -90,17 +91,6 @@ class Leg:
 
 def feed(splicer: MessagesSplicer, chunks: list[Chunk]) -> bytes:
     return b"".join(out for c in chunks if (out := splicer.feed(c)) is not None)
-
-
-def events(raw: bytes) -> list[dict[str, Any]]:
-    parsed = []
-    for event in raw.split(b"\n\n"):
-        if event:
-            head, _, data = event.partition(b"\ndata: ")
-            obj = orjson.loads(data)
-            assert head == b"event: " + obj["type"].encode()
-            parsed.append(obj)
-    return parsed
 
 
 def new() -> MessagesSplicer:

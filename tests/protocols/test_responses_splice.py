@@ -12,6 +12,7 @@ from gateway.protocols.responses_splice import ResponsesAccumulator, ResponsesSp
 from gateway.recovery.events import Chunk, InBandError
 from gateway.recovery.plan import Plan
 from gateway.recovery.seam import SeamRule
+from tests.protocols.named import events
 
 
 class Leg:
@@ -94,17 +95,6 @@ class Leg:
 
 def feed(splicer: ResponsesSplicer, chunks: list[Chunk]) -> bytes:
     return b"".join(out for chunk in chunks if (out := splicer.feed(chunk)) is not None)
-
-
-def events(raw: bytes) -> list[dict[str, Any]]:
-    parsed = []
-    for event in raw.split(b"\n\n"):
-        if event:
-            head, _, data = event.partition(b"\ndata: ")
-            obj = orjson.loads(data)
-            assert head == b"event: " + obj["type"].encode()
-            parsed.append(obj)
-    return parsed
 
 
 def new() -> ResponsesSplicer:
