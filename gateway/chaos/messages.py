@@ -41,6 +41,7 @@ import orjson
 from gateway.chaos.answer import Script, assistant_prefix, message_text, resume_at, script_for
 from gateway.chaos.render import EventFormat
 from gateway.chaos.spec import ChaosSpec
+from gateway.errors import ANTHROPIC_TYPES
 
 MESSAGE_START = b"message_start"
 PING = b"ping"
@@ -104,21 +105,10 @@ HTTP_ERRORS: dict[str, tuple[str, str]] = {
     "http_529": ("overloaded_error", "Overloaded (chaos)"),
 }
 
-# The error type of a status the server answers on its own (a bad body, a bad spec).
-_STATUS_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
-
 
 def status_error_type(status: int) -> str:
     """The Anthropic error type of an error status (``api_error`` for other 5xx)."""
-    return _STATUS_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
 def error_body(kind: str, message: str) -> bytes:
