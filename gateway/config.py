@@ -40,6 +40,7 @@ Protocol = Literal["chat", "responses", "messages"]
 # anthropic-version, base_url as the anthropic SDK takes it: up to /v1/messages).
 UpstreamKind = Literal["openai", "anthropic"]
 ANTHROPIC_VERSION = "2023-06-01"
+PROXY_SCHEMES = ("http://", "https://")  # an HTTP proxy (https: TLS to the proxy itself)
 
 
 class ConfigError(Exception):
@@ -99,6 +100,26 @@ class Circuit(_Model):
     cooldown: float = Field(default=30.0, gt=0)  # seconds skipped before one probe
 
 
+class Tls(_Model):
+    """How an upstream's TLS is checked (README, "Networks")."""
+
+    # A PEM bundle of the CAs to trust (a private vLLM, a TLS-inspecting proxy); unset:
+    # SSL_CERT_FILE / SSL_CERT_DIR when set, else the certifi bundle httpx uses.
+    ca_file: str | None = None
+    client_cert: str | None = None  # PEM certificate for mutual TLS (with client_key)
+    client_key: str | None = None  # its key; unset: in client_cert's file
+    verify: bool = True  # false: no certificate check at all (warned at start-up)
+
+    @model_validator(mode="after")
+    def _key_needs_cert(self) -> Tls:
+        if self.client_key is not None and self.client_cert is None:
+            raise ValueError("client_key needs a client_cert")
+        return self
+
+
+Engine = Literal["auto", "builtin", "httpx", "aiohttp"]
+
+
 class Upstream(_Model):
     name: str = Field(min_length=1)
     kind: UpstreamKind = "openai"
@@ -120,12 +141,43 @@ class Upstream(_Model):
     circuit: Circuit = Circuit()
     # Default: ["chat", "responses"]; ["messages"] on an anthropic upstream.
     protocols: list[Protocol] = Field(default=["chat", "responses"], min_length=1)
+    # Unset: HTTPS_PROXY / HTTP_PROXY / ALL_PROXY and NO_PROXY, as curl reads them; a URL
+    # (http://user:pass@proxy:3128): that proxy; null: direct, whatever the environment.
+    proxy: SecretStr | None = None
+    tls: Tls = Tls()
+    http2: bool = False  # HTTP/2 (over TLS, by ALPN) instead of HTTP/1.1
+    # auto: the gateway's own HTTP/1.1 engine when the upstream is reached directly over
+    # HTTP/1.1 (the fastest: BENCHMARKS.md, "Upstream HTTP engines"), httpx's (httpcore)
+    # through a proxy or over HTTP/2. builtin, httpx, aiohttp (httpx-aiohttp): that one.
+    engine: Engine = "auto"
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(PROXY_SCHEMES):
+            raise ValueError(f"expected a URL starting with one of {', '.join(PROXY_SCHEMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _engine_can(self) -> Upstream:
+        if self.engine == "builtin" and self.http2:
+            raise ValueError("engine builtin speaks HTTP/1.1 only; use auto or httpx for http2")
+        if self.engine in ("builtin", "aiohttp") and self.proxied:
+            raise ValueError(f"engine {self.engine} cannot use a proxy; use auto or httpx")
+        if self.engine == "aiohttp" and self.http2:
+            raise ValueError("engine aiohttp speaks HTTP/1.1 only; use auto or httpx for http2")
+        return self
+
+    @property
+    def proxied(self) -> bool:
+        """Whether a proxy is configured for it (not from the environment)."""
+        return "proxy" in self.model_fields_set and self.proxy is not None
 
     @model_validator(mode="before")
     @classmethod
     def _kind_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("api_key") == "":
-            data = {k: v for k, v in data.items() if k != "api_key"}  # ${KEY:-}: no key
+        if isinstance(data, dict):  # ${KEY:-} left empty: as if not set
+            data = {k: v for k, v in data.items() if not (k in ("api_key", "proxy") and v == "")}
         if isinstance(data, dict) and data.get("kind") == "anthropic":
             defaults = {"protocols": ["messages"], "continuation": "prefill"}
             return defaults | data
@@ -348,7 +400,9 @@ def interpolate_env(node: Any, env: Mapping[str, str], path: str = "") -> Any:
 
 
 # Keys whose values may hold credentials (a URL may carry user:password): never echoed.
-_SECRET_KEYS = frozenset({"api_key", "base_url", "headers", "keys", "redis_url", "owner_key"})
+_SECRET_KEYS = frozenset(
+    {"api_key", "base_url", "headers", "keys", "redis_url", "owner_key", "proxy"}
+)
 
 
 def parse_config(data: Any, source: str = "config") -> GatewayConfig:
@@ -436,6 +490,8 @@ def mask_url(secret: SecretStr) -> str:
 
 def describe(config: GatewayConfig) -> str:
     """A human-readable summary with every secret masked (``check-config``)."""
+    from gateway.upstream.reach import reach_of  # it builds on this module
+
     lines = [f"listen: {config.listen.host}:{config.listen.port}", "upstreams:"]
     for u in config.upstreams:
         t = u.timeouts
@@ -448,6 +504,7 @@ def describe(config: GatewayConfig) -> str:
             f"timeouts(connect={t.connect:g}s first_byte={t.first_byte:g}s idle={t.idle:g}s)  "
             + circuit
         )
+        lines.append(f"    reached: {reach_of(u).describe()}")
         lines.extend(f"    header {h}: {mask(v)}" for h, v in u.headers.items())
         lines.extend(
             f"    continuation for {glob}: {mode}" for glob, mode in u.continuation_models.items()

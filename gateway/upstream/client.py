@@ -1,4 +1,5 @@
-"""The one place that speaks HTTP to upstreams: httpx requests over one ``Http1Transport``.
+"""The one place that speaks HTTP to upstreams: httpx requests over each upstream's transport
+(``reach.py``: the gateway's own HTTP/1.1 engine, or httpx's through a proxy or over HTTP/2).
 
 Errors from httpx are translated here (``map_open_errors``) into the gateway's own
 errors, so handlers never see a transport exception before the stream starts.
@@ -24,9 +25,9 @@ from gateway.upstream.headers import (
     end_to_end_headers,
     forwarded_request_headers,
 )
+from gateway.upstream.reach import transport_for
 from gateway.upstream.routes import ResolvedLeg
 from gateway.upstream.target import upstream_url
-from gateway.upstream.transport import Http1Transport
 
 # Continuation modes whose request ends with an assistant message for the model to go on.
 PREFILL_MODES = frozenset({"prefill", "vllm", "prefix", "prefix_echo"})
@@ -85,11 +86,8 @@ class UpstreamClient:
     ) -> None:
         # Each upstream's circuit breaker, shared by the views (``for_client``).
         self.circuits = CircuitBreakers(upstreams, on_change=on_circuit_change)
-        self._transport = Http1Transport(
-            tls=httpx.create_ssl_context(),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-        )
+        # One per upstream: its proxy, CAs, client certificate and HTTP version.
+        self._transports = {u.name: transport_for(u, limits) for u in upstreams}
         # The static part of each upstream's headers, and its URLs, parsed once.
         self._headers = {u.name: self._static_headers(u) for u in upstreams}
         self._secrets = _secrets_of(upstreams)
@@ -125,6 +123,7 @@ class UpstreamClient:
 
     async def _send(
         self,
+        upstream: str,
         method: str,
         url: httpx.URL | str,
         headers: Mapping[str, str],
@@ -140,7 +139,7 @@ class UpstreamClient:
             extensions={"timeout": timeouts.as_dict()},
         )
         async with asyncio.timeout(first_byte):
-            return await self._transport.handle_async_request(request)
+            return await self._transports[upstream].handle_async_request(request)
 
     @staticmethod
     def _static_headers(upstream: Upstream) -> dict[str, str]:
@@ -244,6 +243,7 @@ class UpstreamClient:
         headers["accept-encoding"] = "identity"
         with map_open_errors(leg):
             response = await self._send(
+                upstream.name,
                 "POST",
                 self._stream_url(upstream.name, path),
                 headers,
@@ -280,6 +280,7 @@ class UpstreamClient:
         url = upstream_url(self._roots[leg.upstream.name], target)
         with map_open_errors(leg):
             return await self._send(
+                leg.upstream.name,
                 method,
                 url,
                 headers,
@@ -289,4 +290,5 @@ class UpstreamClient:
             )
 
     async def aclose(self) -> None:
-        await self._transport.aclose()
+        for transport in self._transports.values():
+            await transport.aclose()

@@ -1,0 +1,212 @@
+"""How each upstream is reached: directly or through a proxy, which CAs, which HTTP engine.
+
+Decided once, at start-up, from the config and the environment (policy; no I/O but
+reading certificate files):
+
+- **proxy**: an upstream's own ``proxy`` (a URL, or ``null`` for direct), else the
+  environment as curl and httpx read it: ``https_proxy`` / ``http_proxy`` by the
+  upstream's scheme, then ``all_proxy`` (lower case first, then upper case), unless
+  ``no_proxy`` names the host (``*``, a host, a domain and its subdomains with or
+  without a leading dot, an IP address or a CIDR range; an optional ``:port``).
+  HTTPS through an HTTP proxy is a ``CONNECT`` tunnel; credentials in the proxy URL
+  go as ``Proxy-Authorization``, and are masked wherever the URL is shown.
+- **TLS**: ``tls.ca_file``, else ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else certifi's
+  bundle; ``tls.client_cert`` / ``client_key`` for mutual TLS; ``verify: false``
+  checks nothing (warned).
+- **engine**: the gateway's own HTTP/1.1 transport (``transport.py``) for an upstream
+  reached directly over HTTP/1.1, by far the cheapest per event (BENCHMARKS.md,
+  "Upstream HTTP engines"); httpx's own (httpcore) through a proxy or over HTTP/2;
+  ``engine:`` forces one (``aiohttp``: httpx-aiohttp, installed separately).
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+from pydantic import SecretStr
+
+from gateway.config import Limits, Tls, Upstream, mask_url
+from gateway.upstream.transport import KEEPALIVE_EXPIRY, Http1Transport
+
+logger = logging.getLogger("gateway.upstream")
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How one upstream is reached."""
+
+    proxy: SecretStr | None  # the proxy URL (credentials and all), None: direct
+    proxy_source: str  # "config", "HTTPS_PROXY"…, or why it is direct
+    http2: bool
+    engine: str  # builtin, httpx or aiohttp
+    ca: str  # where the trusted CAs come from
+
+    def describe(self) -> str:
+        """One line for ``check-config``, credentials masked."""
+        if self.proxy is None:
+            via = f"direct ({self.proxy_source})" if self.proxy_source else "direct"
+        else:
+            via = f"via proxy {mask_url(self.proxy)} ({self.proxy_source})"
+        http = "HTTP/2" if self.http2 else "HTTP/1.1"
+        return f"{via}, {http} ({self.engine} engine), CAs: {self.ca}"
+
+
+def reach_of(upstream: Upstream, env: Mapping[str, str] | None = None) -> Reach:
+    env = os.environ if env is None else env
+    proxy, source = _proxy(upstream, env)
+    engine = upstream.engine
+    if engine == "auto":
+        engine = "httpx" if proxy is not None or upstream.http2 else "builtin"
+    return Reach(proxy, source, upstream.http2, engine, _ca_source(upstream, env))
+
+
+def _proxy(upstream: Upstream, env: Mapping[str, str]) -> tuple[SecretStr | None, str]:
+    if "proxy" in upstream.model_fields_set:
+        if upstream.proxy is None:
+            return None, "proxy: null"
+        return upstream.proxy, "config"
+    url = urlsplit(upstream.base_url)
+    for name in (f"{url.scheme}_proxy", "all_proxy"):
+        for key in (name, name.upper()):
+            value = env.get(key, "").strip()
+            if value:
+                if bypassed(url.hostname or "", url.port, _no_proxy(env)):
+                    return None, "NO_PROXY"
+                if "://" not in value:
+                    value = "http://" + value  # curl's default scheme for a proxy
+                return SecretStr(value), key
+    return None, ""
+
+
+def _no_proxy(env: Mapping[str, str]) -> str:
+    return env.get("no_proxy", env.get("NO_PROXY", ""))
+
+
+def bypassed(host: str, port: int | None, no_proxy: str) -> bool:
+    """Whether ``no_proxy`` (comma- or space-separated) says to reach ``host`` directly."""
+    host = host.lower().strip("[]")
+    for entry in no_proxy.replace(" ", ",").split(","):
+        entry = entry.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, entry_port = entry.rpartition(":") if _has_port(entry) else (entry, "", "")
+        if entry_port and port is not None and entry_port != str(port):
+            continue
+        name = name.strip("[]")
+        if _ip_match(host, name):
+            return True
+        name = name.lstrip(".")
+        if host == name or host.endswith("." + name):
+            return True
+    return False
+
+
+def _has_port(entry: str) -> bool:
+    if entry.startswith("["):
+        return "]:" in entry
+    return entry.count(":") == 1  # an IPv6 address has more than one
+
+
+def _ip_match(host: str, entry: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+        network = ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
+    return address in network
+
+
+def _ca_source(upstream: Upstream, env: Mapping[str, str]) -> str:
+    tls = upstream.tls
+    if not tls.verify:
+        return "none (verify: false)"
+    if tls.ca_file:
+        return tls.ca_file
+    for key in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        if env.get(key):
+            return f"{key}={env[key]}"
+    return "certifi"
+
+
+def tls_context(upstream: Upstream, env: Mapping[str, str] | None = None) -> ssl.SSLContext:
+    """The TLS context of ``upstream``'s connections (``ssl.SSLError``/``OSError`` if a
+    configured file cannot be read: start-up stops there)."""
+    env = os.environ if env is None else env
+    tls = upstream.tls
+    if not tls.verify:
+        logger.warning(
+            "TLS certificates of upstream %r are not verified (tls.verify: false)", upstream.name
+        )
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif tls.ca_file:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+    elif env.get("SSL_CERT_FILE") or env.get("SSL_CERT_DIR"):
+        context = ssl.create_default_context(
+            cafile=env.get("SSL_CERT_FILE") or None, capath=env.get("SSL_CERT_DIR") or None
+        )
+    else:
+        context = httpx.create_ssl_context(trust_env=False)  # certifi's bundle
+    if tls.client_cert is not None:
+        context.load_cert_chain(tls.client_cert, tls.client_key)
+    return context
+
+
+def transport_for(
+    upstream: Upstream, limits: Limits, env: Mapping[str, str] | None = None
+) -> httpx.AsyncBaseTransport:
+    """The transport ``upstream``'s requests go through, as ``reach_of`` decides."""
+    reach = reach_of(upstream, env)
+    if reach.engine == "builtin" and reach.ca == "certifi" and upstream.tls == Tls():
+        context = _certifi_context()  # the usual case: one context for all (read-only here)
+    else:
+        context = tls_context(upstream, env)
+    if reach.engine == "builtin":
+        return Http1Transport(
+            tls=context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+        )
+    pool = httpx.Limits(
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=KEEPALIVE_EXPIRY,
+    )
+    if reach.engine == "aiohttp":
+        return _aiohttp_transport(context, pool)
+    return httpx.AsyncHTTPTransport(
+        verify=context,
+        http2=reach.http2,
+        limits=pool,
+        proxy=None if reach.proxy is None else httpx.Proxy(reach.proxy.get_secret_value()),
+        trust_env=False,  # the environment was read here, once
+    )
+
+
+@functools.cache
+def _certifi_context() -> ssl.SSLContext:
+    return httpx.create_ssl_context(trust_env=False)
+
+
+def _aiohttp_transport(context: ssl.SSLContext, pool: httpx.Limits) -> httpx.AsyncBaseTransport:
+    try:
+        from httpx_aiohttp import AiohttpTransport
+    except ImportError:
+        raise RuntimeError(
+            "engine: aiohttp needs the httpx-aiohttp package (pip install httpx-aiohttp)"
+        ) from None
+    transport: httpx.AsyncBaseTransport = AiohttpTransport(
+        verify=context, limits=pool, trust_env=False
+    )
+    return transport

@@ -1,0 +1,100 @@
+"""How an upstream is reached, from its config and the environment (pure: no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.config import Upstream, parse_config
+from gateway.upstream.reach import bypassed, reach_of
+
+
+def upstream(**fields: Any) -> Upstream:
+    base = {"name": "u", "base_url": "https://api.example.com/v1"}
+    return parse_config({"upstreams": [base | fields]}).upstreams[0]
+
+
+def proxy_of(up: Upstream, env: dict[str, str]) -> str | None:
+    reach = reach_of(up, env)
+    return None if reach.proxy is None else reach.proxy.get_secret_value()
+
+
+def test_the_environment_is_read_as_curl_reads_it() -> None:
+    up = upstream()
+    assert proxy_of(up, {}) is None
+    assert proxy_of(up, {"HTTPS_PROXY": "http://p:1"}) == "http://p:1"
+    assert proxy_of(up, {"https_proxy": "http://low:1", "HTTPS_PROXY": "http://up:1"}) == (
+        "http://low:1"  # lower case first
+    )
+    assert proxy_of(up, {"HTTP_PROXY": "http://p:1"}) is None  # not for an https upstream
+    assert proxy_of(upstream(base_url="http://x/v1"), {"HTTP_PROXY": "http://p:1"}) == "http://p:1"
+    assert proxy_of(up, {"ALL_PROXY": "http://all:1"}) == "http://all:1"
+    assert proxy_of(up, {"HTTPS_PROXY": "proxy.corp:3128"}) == "http://proxy.corp:3128"
+
+
+def test_an_upstreams_own_proxy_wins_and_null_goes_direct() -> None:
+    env = {"HTTPS_PROXY": "http://env:1"}
+    assert proxy_of(upstream(proxy="http://own:2"), env) == "http://own:2"
+    direct = reach_of(upstream(proxy=None), env)
+    assert direct.proxy is None and direct.proxy_source == "proxy: null"
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "no_proxy", "bypass"),
+    [
+        ("api.example.com", 443, "*", True),
+        ("api.example.com", 443, "example.com", True),
+        ("api.example.com", 443, ".example.com", True),
+        ("example.com", 443, ".example.com", True),
+        ("badexample.com", 443, "example.com", False),
+        ("api.example.com", 443, "other.com, example.com", True),
+        ("api.example.com", 443, "example.com:8443", False),
+        ("api.example.com", 8443, "example.com:8443", True),
+        ("10.1.2.3", 443, "10.0.0.0/8", True),
+        ("10.1.2.3", 443, "192.168.0.0/16", False),
+        ("127.0.0.1", 80, "127.0.0.1", True),
+        ("::1", 80, "::1", True),
+        ("api.example.com", 443, "", False),
+    ],
+)
+def test_no_proxy(host: str, port: int, no_proxy: str, bypass: bool) -> None:
+    assert bypassed(host, port, no_proxy) is bypass
+
+
+def test_no_proxy_makes_an_upstream_direct() -> None:
+    env = {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "localhost,.example.com"}
+    reach = reach_of(upstream(), env)
+    assert reach.proxy is None and reach.proxy_source == "NO_PROXY"
+
+
+def test_the_engine_is_the_builtin_one_unless_a_proxy_or_http2_needs_httpx() -> None:
+    assert reach_of(upstream(), {}).engine == "builtin"
+    assert reach_of(upstream(), {"HTTPS_PROXY": "http://p:1"}).engine == "httpx"
+    assert reach_of(upstream(http2=True), {}).engine == "httpx"
+    assert reach_of(upstream(engine="aiohttp"), {}).engine == "aiohttp"
+
+
+def test_an_engine_that_cannot_do_what_is_asked_is_refused() -> None:
+    with pytest.raises(Exception, match="HTTP/1.1 only"):
+        upstream(engine="builtin", http2=True)
+    with pytest.raises(Exception, match="cannot use a proxy"):
+        upstream(engine="builtin", proxy="http://p:1")
+    with pytest.raises(Exception, match="client_key needs a client_cert"):
+        upstream(tls={"client_key": "/k.pem"})
+
+
+def test_check_config_shows_the_way_with_credentials_masked() -> None:
+    reach = reach_of(upstream(proxy="http://user:s3cret@corp:3128"), {})
+    line = reach.describe()
+    assert "s3cret" not in line and "user:****@corp:3128" in line
+    assert line.startswith("via proxy") and "HTTP/1.1 (httpx engine)" in line
+    assert "certifi" in reach_of(upstream(), {}).describe()
+    assert "SSL_CERT_FILE=/ca.pem" in reach_of(upstream(), {"SSL_CERT_FILE": "/ca.pem"}).ca
+    assert reach_of(upstream(tls={"verify": False}), {}).ca == "none (verify: false)"
+
+
+def test_a_proxy_url_is_validated_and_never_echoed() -> None:
+    with pytest.raises(Exception) as raised:
+        upstream(proxy="socks9://user:s3cret@p:1")
+    assert "s3cret" not in str(raised.value) and "proxy" in str(raised.value)
