@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
+from ssl import SSLContext
 
 from gateway.chaos.server import ChaosUpstream
 
@@ -13,9 +14,14 @@ _START_TIMEOUT = 10.0
 
 
 @contextlib.contextmanager
-def running_chaos_upstream(host: str = "127.0.0.1", port: int = 0) -> Iterator[ChaosUpstream]:
-    """Run a ChaosUpstream on its own event loop in a daemon thread; stop it on exit."""
-    upstream = ChaosUpstream(host, port)
+def running_chaos_upstream(
+    host: str = "127.0.0.1", port: int = 0, ssl: SSLContext | None = None
+) -> Iterator[ChaosUpstream]:
+    """Run a ChaosUpstream on its own event loop in a daemon thread; stop it on exit.
+
+    With ``ssl`` (a server context) it listens with TLS; its ``base_url`` is ``https://``.
+    """
+    upstream = ChaosUpstream(host, port, ssl)
     started = threading.Event()
     failure: list[BaseException] = []
     control: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []

@@ -25,6 +25,7 @@ import logging
 import socket
 import time
 from collections.abc import Sequence
+from ssl import SSLContext
 from typing import Any, NamedTuple
 
 import orjson
@@ -52,7 +53,7 @@ from gateway.chaos.faults import (
     stall,
 )
 from gateway.chaos.http11 import BadRequest, Request, read_request
-from gateway.chaos.spec import HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
+from gateway.chaos.spec import HTTP2_FAULTS, HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
 from gateway.chaos.wire import send_events, send_json, send_json_cut
 
 logger = logging.getLogger("gateway.chaos")
@@ -96,11 +97,20 @@ class Said(NamedTuple):
 
 
 class ChaosUpstream:
-    """The server. ``start()`` binds (port 0: a free port); ``aclose()`` drops every connection."""
+    """The server. ``start()`` binds (port 0: a free port); ``aclose()`` drops every connection.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    With ``ssl`` it speaks HTTP/1.1 over TLS (``base_url`` is ``https://``); the faults
+    act on the TCP socket under it, so ``reset`` is still a RST, ``close`` a FIN (after
+    close_notify). Python's ssl reads that RST as an unexpected EOF: httpx says
+    RemoteProtocolError where, without TLS, it says ReadError.
+    """
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, ssl: SSLContext | None = None
+    ) -> None:
         self.host = host
         self._port = port
+        self._ssl = ssl
         self.requests: list[RecordedRequest] = []
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
@@ -111,7 +121,9 @@ class ChaosUpstream:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("the chaos upstream is already started")
-        self._server = await asyncio.start_server(self._serve_connection, self.host, self._port)
+        self._server = await asyncio.start_server(
+            self._serve_connection, self.host, self._port, ssl=self._ssl
+        )
         self._port = self._server.sockets[0].getsockname()[1]
 
     @property
@@ -123,7 +135,8 @@ class ChaosUpstream:
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/v1"
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://{host}:{self.port}/v1"
 
     def requests_for(self, model: str) -> list[RecordedRequest]:
         """The requests recorded so far whose body named ``model``."""
@@ -294,6 +307,8 @@ class ChaosUpstream:
             return await _reply_error(writer, request, 400, refusal)
         recorded.attempt = self._take_attempt(spec)
         fault = self._take_fault(spec)
+        if fault in HTTP2_FAULTS:  # no GOAWAY or RST_STREAM in HTTP/1.1
+            fault = HTTP2_FAULTS[fault]
         if fault == "reset_before":
             await reset(writer, flush=False)
             return False

@@ -15,6 +15,12 @@ Two keys play a real model's variance between requests (``answer.py``), each
 request numbered by its spec string (``attempt``, as ``times=`` counts): with
 ``rechunk=1`` every request says the same text split at other boundaries, with
 ``sample=1`` every request says other text after the prefix it continues.
+
+``fault=goaway`` and ``fault=rst_stream`` are HTTP/2 faults, for an HTTP/2 server
+answering with these scripts (the tests' h2 upstream, ``tests/net/h2_upstream.py``):
+after ``at`` deltas, a GOAWAY frame that leaves the stream unprocessed, then the
+connection closes; or a RST_STREAM (INTERNAL_ERROR) of that stream alone. HTTP/1.1
+has neither frame: the chaos upstream plays both as ``reset``.
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ HTTP_FAULTS = {
     "http_503": 503,
     "http_529": 529,
 }
-FAULTS = STREAM_FAULTS | HTTP_FAULTS.keys() | {"reset_before"}
+# HTTP/2 faults (a GOAWAY, a RST_STREAM, mid-stream), and what HTTP/1.1 plays them as.
+# Not in STREAM_FAULTS: those are what every chaos endpoint does on its own wire.
+HTTP2_FAULTS = {"goaway": "reset", "rst_stream": "reset"}
+FAULTS = STREAM_FAULTS | HTTP_FAULTS.keys() | HTTP2_FAULTS.keys() | {"reset_before"}
 
 
 @dataclass(frozen=True)
