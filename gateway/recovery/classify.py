@@ -27,6 +27,8 @@ def classify_transport_error(exc: BaseException) -> Cause:
     """Map an httpx error raised while waiting for or reading a response."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
         return Cause.CONNECT
+    if isinstance(exc, httpx.ProxyError):  # the proxy refused the tunnel (403, 407…)
+        return Cause.CONNECT
     if isinstance(exc, httpx.ReadTimeout):
         return Cause.IDLE
     if isinstance(exc, httpx.ReadError | httpx.WriteError):

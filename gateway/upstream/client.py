@@ -25,7 +25,7 @@ from gateway.upstream.headers import (
     end_to_end_headers,
     forwarded_request_headers,
 )
-from gateway.upstream.reach import transport_for
+from gateway.upstream.reach import reach_of, transport_for
 from gateway.upstream.routes import ResolvedLeg
 from gateway.upstream.target import upstream_url
 
@@ -88,6 +88,7 @@ class UpstreamClient:
         self.circuits = CircuitBreakers(upstreams, on_change=on_circuit_change)
         # One per upstream: its proxy, CAs, client certificate and HTTP version.
         self._transports = {u.name: transport_for(u, limits) for u in upstreams}
+        self._proxied = {u.name for u in upstreams if reach_of(u).proxy is not None}
         # The static part of each upstream's headers, and its URLs, parsed once.
         self._headers = {u.name: self._static_headers(u) for u in upstreams}
         self._secrets = _secrets_of(upstreams)
@@ -139,7 +140,13 @@ class UpstreamClient:
             extensions={"timeout": timeouts.as_dict()},
         )
         async with asyncio.timeout(first_byte):
-            return await self._transports[upstream].handle_async_request(request)
+            response = await self._transports[upstream].handle_async_request(request)
+        if response.status_code == 407 and upstream in self._proxied:
+            # The proxy refused a plain-http request (a tunnel's refusal is raised by
+            # httpx): the upstream was never reached, as with any connect error.
+            await response.aclose()
+            raise httpx.ProxyError("The proxy refused the request (407).")
+        return response
 
     @staticmethod
     def _static_headers(upstream: Upstream) -> dict[str, str]:

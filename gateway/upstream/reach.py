@@ -26,10 +26,11 @@ import ipaddress
 import logging
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 from pydantic import SecretStr
 
@@ -185,13 +186,52 @@ def transport_for(
     )
     if reach.engine == "aiohttp":
         return _aiohttp_transport(context, pool)
-    return httpx.AsyncHTTPTransport(
-        verify=context,
-        http2=reach.http2,
-        limits=pool,
-        proxy=None if reach.proxy is None else httpx.Proxy(reach.proxy.get_secret_value()),
-        trust_env=False,  # the environment was read here, once
+    return HttpcoreErrors(
+        httpx.AsyncHTTPTransport(
+            verify=context,
+            http2=reach.http2,
+            limits=pool,
+            proxy=None if reach.proxy is None else httpx.Proxy(reach.proxy.get_secret_value()),
+            trust_env=False,  # the environment was read here, once
+        )
     )
+
+
+class HttpcoreErrors(httpx.AsyncBaseTransport):
+    """httpx's transport, with what httpcore lets through as httpx's errors: a GOAWAY
+    received on a connection's later stream raises ``httpcore.ConnectionNotAvailable``
+    (httpcore 1.0, encode/httpcore#733), which httpx does not map; it is a connection
+    the server ended, a ``RemoteProtocolError`` (section 3: an interruption)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            response = await self._transport.handle_async_request(request)
+        except httpcore.ConnectionNotAvailable as exc:
+            raise httpx.RemoteProtocolError(str(exc) or "connection not available") from None
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _MappedStream(response.stream)
+        return response
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+class _MappedStream(httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.AsyncByteStream) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except httpcore.ConnectionNotAvailable as exc:
+            raise httpx.RemoteProtocolError(str(exc) or "connection not available") from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 @functools.cache

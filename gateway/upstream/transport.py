@@ -134,7 +134,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         for connection in list(self._open):
-            connection.close()
+            connection.close(abort=True)
         self._idle.clear()
 
 
@@ -239,11 +239,16 @@ class _Connection(asyncio.Protocol):
         self._error = None
         self._pool._released(self, reusable)
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Close the connection; ``abort``: at once, without TLS's closing handshake
+        (which waits for the server's reply: at shutdown, the loop would close first)."""
         if not self.closed:
             self.closed = True
             if self._transport is not None:
-                self._transport.close()
+                if abort:
+                    self._transport.abort()
+                else:
+                    self._transport.close()
         self._pool._forget(self)
 
     # -- asyncio.Protocol -------------------------------------------------------------
