@@ -6,7 +6,9 @@ request really went through it."""
 from __future__ import annotations
 
 import logging
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -221,3 +223,20 @@ def test_a_goaway_on_a_later_stream_of_a_connection_is_recovered_too(
     first, faulted = h2_upstream.requests[0], h2_upstream.requests[1]
     assert faulted.connection == first.connection and faulted.stream_id > 1
     assert faulted.fault == "goaway"
+
+
+def test_ssl_cert_dir_is_honoured(
+    no_proxy_env: pytest.MonkeyPatch, tls_chaos: ChaosUpstream, pki: Pki, tmp_path: Path
+) -> None:
+    """A directory of CA certificates named by their subject hash (``openssl rehash``)."""
+    subject_hash = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(pki.ca_cert)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (tmp_path / f"{subject_hash}.0").write_bytes(pki.ca_cert.read_bytes())
+    no_proxy_env.delenv("SSL_CERT_FILE", raising=False)
+    no_proxy_env.setenv("SSL_CERT_DIR", str(tmp_path))
+    model = "chaos:text=10,seed=12"
+    assert streamed(config(tls_chaos.base_url), model) == expected_answer(model).text
