@@ -155,3 +155,45 @@ def test_the_messages_seam_baseline_is_a_prefill_the_chaos_upstream_continues(
     text = expected_answer(spec).text
     assert recorded.prefix and text.startswith(recorded.prefix)
     assert recorded.answered_text == text[len(recorded.prefix) :]
+
+
+@pytest.mark.timeout(300)
+def test_quick_engines_benchmark_streams_every_frame_through_every_engine(
+    tmp_path: Path,
+) -> None:
+    # bench.engines: the gateway three times, identical but for the upstream's engine.
+    streams, chunks, requests = (1, 4), 8, 10
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.engines", "--quick", "--out", str(tmp_path)]
+        + ["--streams", ",".join(map(str, streams)), "--chunks", str(chunks)]
+        + ["--ttft-requests", str(requests)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = orjson.loads((tmp_path / "results.json").read_bytes())
+    assert results["configs"] == ["direct", "builtin", "httpx", "aiohttp"]
+    assert results["meta"]["quick"] is True and results["meta"]["plan"]["rounds"] == 1
+    for name in results["configs"]:
+        ttft = results["ttft"][name]
+        assert ttft["n"] == requests and ttft["errors"] == 0, (name, ttft)
+        for n in streams:
+            row = results["concurrency"][name][str(n)]
+            assert row["errors"] == 0 and row["stalled"] is not None, (name, n, row)
+            assert row["total_streams"] == n and row["deltas"] == n * chunks, (name, n, row)
+            assert row["frames_per_s"] > 0, (name, n, row)
+    for engine in ("builtin", "httpx", "aiohttp"):
+        assert results["ttft"][engine]["cpu_ms_per_request"] > 0, engine
+        assert results["summary"]["ttft"][engine]["cpu_ratio"] > 0, engine
+        for n in streams:
+            row = results["summary"][str(n)][engine]
+            assert row["cpu_ms_per_delta"] > 0 and row["cpu_ratio"] > 0, (engine, n, row)
+            assert row["proxy_cpu_pct"] > 0 and row["frames_vs_direct"] > 0, (engine, n, row)
+    assert results["summary"]["4"]["builtin"]["cpu_ratio"] == 1.0
+    markdown = (tmp_path / "results.md").read_text()
+    assert markdown.startswith("## Upstream HTTP engines") and "smoke" in markdown.lower()
+    assert "| 4 | aiohttp |" in markdown
+    assert run.stdout.startswith("## Upstream HTTP engines")
