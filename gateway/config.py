@@ -146,9 +146,9 @@ class Upstream(_Model):
     proxy: SecretStr | None = None
     tls: Tls = Tls()
     http2: bool = False  # HTTP/2 (over TLS, by ALPN) instead of HTTP/1.1
-    # auto: the gateway's own HTTP/1.1 engine when the upstream is reached directly over
-    # HTTP/1.1 (the fastest: BENCHMARKS.md, "Upstream HTTP engines"), httpx's (httpcore)
-    # through a proxy or over HTTP/2. builtin, httpx, aiohttp (httpx-aiohttp): that one.
+    # auto: the gateway's own HTTP/1.1 engine, directly or through an http:// proxy (the
+    # fastest: BENCHMARKS.md, "Upstream HTTP engines"); httpx's (httpcore) over HTTP/2 or
+    # through an https:// proxy. builtin, httpx, aiohttp (httpx-aiohttp): that one.
     engine: Engine = "auto"
 
     @field_validator("proxy")
@@ -162,8 +162,11 @@ class Upstream(_Model):
     def _engine_can(self) -> Upstream:
         if self.engine == "builtin" and self.http2:
             raise ValueError("engine builtin speaks HTTP/1.1 only; use auto or httpx for http2")
-        if self.engine in ("builtin", "aiohttp") and self.proxied:
-            raise ValueError(f"engine {self.engine} cannot use a proxy; use auto or httpx")
+        if self.engine == "aiohttp" and self.proxied:
+            raise ValueError("engine aiohttp cannot use a proxy; use auto, builtin or httpx")
+        proxy = self.proxy.get_secret_value() if self.proxy is not None else ""
+        if self.engine == "builtin" and proxy.startswith("https://"):
+            raise ValueError("engine builtin cannot use an https:// proxy; use auto or httpx")
         if self.engine == "aiohttp" and self.http2:
             raise ValueError("engine aiohttp speaks HTTP/1.1 only; use auto or httpx for http2")
         return self

@@ -1,5 +1,5 @@
 """The one place that speaks HTTP to upstreams: httpx requests over each upstream's transport
-(``reach.py``: the gateway's own HTTP/1.1 engine, or httpx's through a proxy or over HTTP/2).
+(``reach.py``: the gateway's own HTTP/1.1 engine, or httpx's over HTTP/2 or an https:// proxy).
 
 Errors from httpx are translated here (``map_open_errors``) into the gateway's own
 errors, so handlers never see a transport exception before the stream starts.

@@ -13,10 +13,11 @@ reading certificate files):
 - **TLS**: ``tls.ca_file``, else ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else certifi's
   bundle; ``tls.client_cert`` / ``client_key`` for mutual TLS; ``verify: false``
   checks nothing (warned).
-- **engine**: the gateway's own HTTP/1.1 transport (``transport.py``) for an upstream
-  reached directly over HTTP/1.1, by far the cheapest per event (BENCHMARKS.md,
-  "Upstream HTTP engines"); httpx's own (httpcore) through a proxy or over HTTP/2;
-  ``engine:`` forces one (``aiohttp``: httpx-aiohttp, installed separately).
+- **engine**: the gateway's own HTTP/1.1 transport (``transport.py``), directly or
+  through an ``http://`` proxy, by far the cheapest per event (BENCHMARKS.md,
+  "Upstream HTTP engines"); httpx's own (httpcore) over HTTP/2 or through an
+  ``https://`` proxy; ``engine:`` forces one (``aiohttp``: httpx-aiohttp, installed
+  separately).
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def reach_of(upstream: Upstream, env: Mapping[str, str] | None = None) -> Reach:
     proxy, source = _proxy(upstream, env)
     engine = upstream.engine
     if engine == "auto":
-        engine = "httpx" if proxy is not None or upstream.http2 else "builtin"
+        # The builtin engine speaks HTTP/1.1, directly or through an http:// proxy.
+        tls_proxy = proxy is not None and proxy.get_secret_value().startswith("https://")
+        engine = "httpx" if upstream.http2 or tls_proxy else "builtin"
     return Reach(proxy, source, upstream.http2, engine, _ca_source(upstream, env))
 
 
@@ -178,6 +181,7 @@ def transport_for(
             tls=context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
+            proxy=None if reach.proxy is None else httpx.URL(reach.proxy.get_secret_value()),
         )
     pool = httpx.Limits(
         max_connections=limits.max_connections,

@@ -16,14 +16,17 @@ the gateway's CPU (BENCHMARKS.md, "Profile"). Here:
 
 It speaks what the gateway sends upstream: one request at a time per
 connection, with a body of known length; responses with Content-Length, chunked
-or until-close bodies. Errors are httpx's: ``ConnectError``/``ConnectTimeout``,
-``ReadError`` (reset), ``ReadTimeout`` (silence), ``RemoteProtocolError`` (a
-broken or incomplete response), ``PoolTimeout``.
+or until-close bodies; directly, or through an ``http://`` forward proxy (a
+``CONNECT`` tunnel, then TLS over it, for an https upstream; absolute-form
+requests for an http one). Errors are httpx's: ``ConnectError``/``ConnectTimeout``,
+``ProxyError`` (a tunnel refused), ``ReadError`` (reset), ``ReadTimeout``
+(silence), ``RemoteProtocolError`` (a broken or incomplete response), ``PoolTimeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import contextvars
 import ssl
@@ -38,6 +41,7 @@ KEEPALIVE_EXPIRY = 5.0  # seconds an idle connection is kept (httpx's default)
 HIGH_WATER = 256 * 1024  # unread body bytes before the socket stops being read
 
 Origin = tuple[bytes, bytes, int]
+MAX_TUNNEL_HEAD = 64 * 1024  # a proxy's answer to CONNECT, at most
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 
 
@@ -49,8 +53,17 @@ class Http1Transport(httpx.AsyncBaseTransport):
         max_connections: int,
         max_keepalive_connections: int,
         keepalive_expiry: float = KEEPALIVE_EXPIRY,
+        proxy: httpx.URL | None = None,
     ) -> None:
+        """``proxy``: an ``http://`` forward proxy every connection goes through: a
+        ``CONNECT`` tunnel for an https origin, absolute-form requests for an http one;
+        its URL's credentials go as ``Proxy-Authorization``."""
         self._tls = tls
+        self._proxy = proxy
+        self._proxy_auth: bytes | None = None
+        if proxy is not None and proxy.username:
+            userinfo = f"{proxy.username}:{proxy.password}".encode()
+            self._proxy_auth = b"Basic " + base64.b64encode(userinfo)
         self._max_idle = max_keepalive_connections
         self._expiry = keepalive_expiry
         self._slots = asyncio.Semaphore(max_connections)  # requests in flight
@@ -64,7 +77,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"Unsupported URL scheme {url.scheme!r}.")
         origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
-        head = _head(request)
+        # Through a proxy, an http origin is asked in absolute form, with the credentials.
+        forwarded = self._proxy is not None and scheme == b"http"
+        head = _head(request, self._proxy_auth if forwarded else None, absolute=forwarded)
         body = await request.aread()
         try:
             async with asyncio.timeout(timeouts.get("pool")):
@@ -91,29 +106,53 @@ class Http1Transport(httpx.AsyncBaseTransport):
         return None
 
     async def _connect(self, origin: Origin, within: float | None) -> _Connection:
-        scheme, host, port = origin
-        loop = asyncio.get_running_loop()
         connection = _Connection(self, origin)
-        tls = self._tls if scheme == b"https" else None
-        connecting = loop.create_connection(
-            lambda: connection,
-            host.decode("ascii"),
-            port,
-            ssl=tls,
-            server_hostname=host.decode("ascii") if tls else None,
-        )
         try:
             async with asyncio.timeout(within):
                 # In a context of its own: the transport keeps the context it was made
                 # in for the connection's life, and this one would be the request's (its
                 # run, prompt and answer held as long as the connection idles in the pool).
-                await loop.create_task(connecting, context=contextvars.Context())
+                await asyncio.get_running_loop().create_task(
+                    self._open_connection(connection, origin), context=contextvars.Context()
+                )
         except TimeoutError:
             raise httpx.ConnectTimeout("Timed out connecting to the upstream.") from None
         except OSError as exc:  # refused, unreachable, DNS, TLS (ssl.SSLError)
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
         self._open.add(connection)
         return connection
+
+    async def _open_connection(self, connection: _Connection, origin: Origin) -> None:
+        scheme, raw_host, port = origin
+        host = raw_host.decode("ascii")
+        loop = asyncio.get_running_loop()
+        tls = self._tls if scheme == b"https" else None
+        if self._proxy is None:
+            await loop.create_connection(
+                lambda: connection, host, port, ssl=tls, server_hostname=host if tls else None
+            )
+            return
+        proxy_port = self._proxy.port or _DEFAULT_PORTS[self._proxy.raw_scheme]
+        if tls is None:  # forwarded by the proxy: the connection is to the proxy
+            await loop.create_connection(lambda: connection, self._proxy.host, proxy_port)
+            return
+        tunnel = _Tunnel()
+        transport, _ = await loop.create_connection(lambda: tunnel, self._proxy.host, proxy_port)
+        try:
+            authority = b"%s:%d" % (raw_host, port)
+            lines = [b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n" % (authority, authority)]
+            if self._proxy_auth is not None:
+                lines.append(b"Proxy-Authorization: %s\r\n" % self._proxy_auth)
+            transport.write(b"".join(lines) + b"\r\n")
+            status = await tunnel.established
+            if status != 200:
+                raise httpx.ProxyError(f"The proxy refused the tunnel ({status}).")
+            secured = await loop.start_tls(transport, connection, tls, server_hostname=host)
+        except BaseException:
+            transport.abort()
+            raise
+        assert secured is not None
+        connection.connection_made(secured)
 
     def _released(self, connection: _Connection, reusable: bool) -> None:
         """A response was closed: keep its connection for the next request, or close it."""
@@ -138,8 +177,16 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
-def _head(request: httpx.Request) -> bytes:
-    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
+def _head(
+    request: httpx.Request, proxy_authorization: bytes | None = None, *, absolute: bool = False
+) -> bytes:
+    url = request.url
+    target = url.raw_path
+    if absolute:  # to a forward proxy: the whole URL
+        target = b"%s://%s%s" % (url.raw_scheme, url.netloc, url.raw_path)
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), target)]
+    if proxy_authorization is not None:
+        lines.append(b"Proxy-Authorization: %s\r\n" % proxy_authorization)
     for name, value in request.headers.raw:
         # httpx checks names; a value must not end the header line (request smuggling).
         if b"\r" in value or b"\n" in value or b"\0" in value:
@@ -147,6 +194,29 @@ def _head(request: httpx.Request) -> bytes:
         lines.append(b"%s: %s\r\n" % (name, value))
     lines.append(b"\r\n")
     return b"".join(lines)
+
+
+class _Tunnel(asyncio.Protocol):
+    """The proxy's answer to a ``CONNECT``: its status, once its head has arrived."""
+
+    def __init__(self) -> None:
+        self.established: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._received = b""
+
+    def data_received(self, data: bytes) -> None:
+        self._received += data
+        if b"\r\n\r\n" in self._received and not self.established.done():
+            status_line = self._received.split(b"\r\n", 1)[0].split()
+            ok = len(status_line) >= 2 and status_line[1].isdigit()
+            self.established.set_result(int(status_line[1]) if ok else 0)
+        elif len(self._received) > MAX_TUNNEL_HEAD and not self.established.done():
+            self.established.set_result(0)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.established.done():
+            self.established.set_exception(
+                httpx.ProxyError("The proxy closed the connection before the tunnel was up.")
+            )
 
 
 class _Connection(asyncio.Protocol):

@@ -39,6 +39,14 @@ def config(base_url: str, *, fallback: str | None = None, **upstream: Any) -> Ga
     return parse_config({"upstreams": upstreams, "routes": [route]})
 
 
+@pytest.fixture(params=["builtin", "httpx"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Both engines that can reach an HTTP/1.1 upstream through a proxy and over TLS:
+    the config means the same whichever serves."""
+    value: str = request.param
+    return value
+
+
 @pytest.fixture
 def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """No proxy or CA variable from the machine leaks into a test."""
@@ -68,10 +76,16 @@ def refused(settings: GatewayConfig, model: str) -> openai.APIStatusError:
 
 
 def test_an_https_upstream_through_a_proxy_is_a_connect_tunnel(
-    no_proxy_env: pytest.MonkeyPatch, tls_chaos: ChaosUpstream, proxy: ForwardProxy, pki: Pki
+    engine: str,
+    no_proxy_env: pytest.MonkeyPatch,
+    tls_chaos: ChaosUpstream,
+    proxy: ForwardProxy,
+    pki: Pki,
 ) -> None:
     model = "chaos:text=30,seed=1,fault=reset,at=12,times=1"
-    settings = config(tls_chaos.base_url, proxy=proxy.url, tls={"ca_file": str(pki.ca_cert)})
+    settings = config(
+        tls_chaos.base_url, proxy=proxy.url, tls={"ca_file": str(pki.ca_cert)}, engine=engine
+    )
     assert streamed(settings, model) == expected_answer(model).text
     tunnel = ProxiedRequest("CONNECT", f"127.0.0.1:{tls_chaos.port}", None)
     assert proxy.requests and set(proxy.requests) == {tunnel}  # the retry went through it too
@@ -79,6 +93,7 @@ def test_an_https_upstream_through_a_proxy_is_a_connect_tunnel(
 
 
 def test_proxy_credentials_go_as_proxy_authorization_and_never_to_the_client(
+    engine: str,
     no_proxy_env: pytest.MonkeyPatch,
     tls_chaos: ChaosUpstream,
     auth_proxy: ForwardProxy,
@@ -87,40 +102,51 @@ def test_proxy_credentials_go_as_proxy_authorization_and_never_to_the_client(
 ) -> None:
     model = "chaos:text=12,seed=2"
     tls = {"ca_file": str(pki.ca_cert)}
-    good = config(tls_chaos.base_url, proxy=auth_proxy.url_with_credentials, tls=tls)
+    good = config(tls_chaos.base_url, proxy=auth_proxy.url_with_credentials, tls=tls, engine=engine)
     with caplog.at_level(logging.DEBUG):
         assert streamed(good, model) == expected_answer(model).text
     (request,) = auth_proxy.requests
     assert request.method == "CONNECT" and request.authorization is not None
     assert request.authorization.startswith("Basic ")
     wrong_url = auth_proxy.url_with_credentials.replace("s3cr", "wrong")
-    error = refused(config(tls_chaos.base_url, proxy=wrong_url, tls=tls), model)
+    error = refused(config(tls_chaos.base_url, proxy=wrong_url, tls=tls, engine=engine), model)
     assert error.status_code == 502 and "could not be reached" in error.message
     assert PROXY_PASSWORD not in caplog.text and "s3cr%2Ft" not in caplog.text
     assert PROXY_PASSWORD not in error.message and PROXY_USER not in error.message
 
 
 def test_a_plain_http_upstream_through_a_proxy_is_forwarded(
-    no_proxy_env: pytest.MonkeyPatch, chaos: ChaosUpstream, proxy: ForwardProxy
+    engine: str, no_proxy_env: pytest.MonkeyPatch, chaos: ChaosUpstream, proxy: ForwardProxy
 ) -> None:
-    model = "chaos:text=20,seed=3,fault=close,at=7,times=1"
-    assert streamed(config(chaos.base_url, proxy=proxy.url), model) == expected_answer(model).text
+    model = f"chaos:text=20,seed=3{len(engine)},fault=close,at=7,times=1"  # times= per string
+
+    assert (
+        streamed(config(chaos.base_url, proxy=proxy.url, engine=engine), model)
+        == expected_answer(model).text
+    )
     targets = {(r.method, r.target) for r in proxy.requests}
     assert targets == {("POST", f"{chaos.base_url}/chat/completions")}
+    assert len(chaos.requests_for(model)) == 2  # the break, and its continuation
 
 
 def test_the_environment_proxy_is_used_unless_no_proxy_names_the_host(
-    no_proxy_env: pytest.MonkeyPatch, tls_chaos: ChaosUpstream, proxy: ForwardProxy, pki: Pki
+    engine: str,
+    no_proxy_env: pytest.MonkeyPatch,
+    tls_chaos: ChaosUpstream,
+    proxy: ForwardProxy,
+    pki: Pki,
 ) -> None:
     model = "chaos:text=10,seed=4"
     no_proxy_env.setenv("HTTPS_PROXY", proxy.url)
-    settings = config(tls_chaos.base_url, tls={"ca_file": str(pki.ca_cert)})
+    settings = config(tls_chaos.base_url, tls={"ca_file": str(pki.ca_cert)}, engine=engine)
     assert streamed(settings, model) == expected_answer(model).text
     assert [r.method for r in proxy.requests] == ["CONNECT"]
     no_proxy_env.setenv("NO_PROXY", "localhost,127.0.0.1")
     assert streamed(settings, model) == expected_answer(model).text
     assert len(proxy.requests) == 1  # direct this time
-    direct = config(tls_chaos.base_url, proxy=None, tls={"ca_file": str(pki.ca_cert)})
+    direct = config(
+        tls_chaos.base_url, proxy=None, tls={"ca_file": str(pki.ca_cert)}, engine=engine
+    )
     no_proxy_env.delenv("NO_PROXY")
     assert streamed(direct, model) == expected_answer(model).text  # proxy: null wins
     assert len(proxy.requests) == 1
@@ -128,6 +154,7 @@ def test_the_environment_proxy_is_used_unless_no_proxy_names_the_host(
 
 @pytest.mark.parametrize("mode", ["refuse", "drop"])
 def test_a_proxy_that_refuses_or_drops_is_a_connect_error_and_the_next_leg_answers(
+    engine: str,
     no_proxy_env: pytest.MonkeyPatch,
     tls_chaos: ChaosUpstream,
     chaos: ChaosUpstream,
@@ -136,9 +163,12 @@ def test_a_proxy_that_refuses_or_drops_is_a_connect_error_and_the_next_leg_answe
     mode: str,
 ) -> None:
     proxy.mode = mode  # type: ignore[assignment]
-    model = f"chaos:text=10,seed={5 if mode == 'refuse' else 15}"
+    # The session's chaos upstream records every test's requests: a model of its own.
+    model = f"chaos:text=10,seed={5 if mode == 'refuse' else 15}{len(engine)}"
     tls = {"ca_file": str(pki.ca_cert)}
-    settings = config(tls_chaos.base_url, proxy=proxy.url, tls=tls, fallback=chaos.base_url)
+    settings = config(
+        tls_chaos.base_url, proxy=proxy.url, tls=tls, fallback=chaos.base_url, engine=engine
+    )
     assert streamed(settings, model) == expected_answer(model).text
     assert len(proxy.requests) == 3  # tried, retried twice, then the next leg
     assert tls_chaos.requests_for(model) == []
@@ -149,16 +179,16 @@ def test_a_proxy_that_refuses_or_drops_is_a_connect_error_and_the_next_leg_answe
 
 
 def test_a_private_ca_is_trusted_from_ca_file_or_ssl_cert_file_and_not_otherwise(
-    no_proxy_env: pytest.MonkeyPatch, tls_chaos: ChaosUpstream, pki: Pki
+    engine: str, no_proxy_env: pytest.MonkeyPatch, tls_chaos: ChaosUpstream, pki: Pki
 ) -> None:
     model = "chaos:text=10,seed=6"
     no_proxy_env.delenv("SSL_CERT_FILE", raising=False)
-    error = refused(config(tls_chaos.base_url), model)
+    error = refused(config(tls_chaos.base_url, engine=engine), model)
     assert error.status_code == 502 and "could not be reached" in error.message
-    settings = config(tls_chaos.base_url, tls={"ca_file": str(pki.ca_cert)})
+    settings = config(tls_chaos.base_url, tls={"ca_file": str(pki.ca_cert)}, engine=engine)
     assert streamed(settings, model) == expected_answer(model).text
     no_proxy_env.setenv("SSL_CERT_FILE", str(pki.ca_cert))
-    assert streamed(config(tls_chaos.base_url), model) == expected_answer(model).text
+    assert streamed(config(tls_chaos.base_url, engine=engine), model) == expected_answer(model).text
 
 
 def test_verify_false_trusts_anything_and_warns(
@@ -172,10 +202,10 @@ def test_verify_false_trusts_anything_and_warns(
 
 
 def test_mutual_tls_needs_the_client_certificate(
-    no_proxy_env: pytest.MonkeyPatch, mtls_chaos: ChaosUpstream, pki: Pki
+    engine: str, no_proxy_env: pytest.MonkeyPatch, mtls_chaos: ChaosUpstream, pki: Pki
 ) -> None:
     model = "chaos:text=10,seed=8,fault=reset,at=4,times=1"
-    without = config(mtls_chaos.base_url, tls={"ca_file": str(pki.ca_cert)})
+    without = config(mtls_chaos.base_url, tls={"ca_file": str(pki.ca_cert)}, engine=engine)
     assert refused(without, model).status_code == 502
     with_cert = config(
         mtls_chaos.base_url,
@@ -184,6 +214,7 @@ def test_mutual_tls_needs_the_client_certificate(
             "client_cert": str(pki.client_cert),
             "client_key": str(pki.client_key),
         },
+        engine=engine,
     )
     assert streamed(with_cert, model) == expected_answer(model).text
 

@@ -68,9 +68,10 @@ def test_no_proxy_makes_an_upstream_direct() -> None:
     assert reach.proxy is None and reach.proxy_source == "NO_PROXY"
 
 
-def test_the_engine_is_the_builtin_one_unless_a_proxy_or_http2_needs_httpx() -> None:
+def test_the_engine_is_the_builtin_one_unless_http2_or_a_tls_proxy_needs_httpx() -> None:
     assert reach_of(upstream(), {}).engine == "builtin"
-    assert reach_of(upstream(), {"HTTPS_PROXY": "http://p:1"}).engine == "httpx"
+    assert reach_of(upstream(), {"HTTPS_PROXY": "http://p:1"}).engine == "builtin"
+    assert reach_of(upstream(), {"HTTPS_PROXY": "https://p:1"}).engine == "httpx"
     assert reach_of(upstream(http2=True), {}).engine == "httpx"
     assert reach_of(upstream(engine="aiohttp"), {}).engine == "aiohttp"
 
@@ -78,8 +79,10 @@ def test_the_engine_is_the_builtin_one_unless_a_proxy_or_http2_needs_httpx() -> 
 def test_an_engine_that_cannot_do_what_is_asked_is_refused() -> None:
     with pytest.raises(Exception, match="HTTP/1.1 only"):
         upstream(engine="builtin", http2=True)
+    with pytest.raises(Exception, match="cannot use an https:// proxy"):
+        upstream(engine="builtin", proxy="https://p:1")
     with pytest.raises(Exception, match="cannot use a proxy"):
-        upstream(engine="builtin", proxy="http://p:1")
+        upstream(engine="aiohttp", proxy="http://p:1")
     with pytest.raises(Exception, match="client_key needs a client_cert"):
         upstream(tls={"client_key": "/k.pem"})
 
@@ -88,7 +91,7 @@ def test_check_config_shows_the_way_with_credentials_masked() -> None:
     reach = reach_of(upstream(proxy="http://user:s3cret@corp:3128"), {})
     line = reach.describe()
     assert "s3cret" not in line and "user:****@corp:3128" in line
-    assert line.startswith("via proxy") and "HTTP/1.1 (httpx engine)" in line
+    assert line.startswith("via proxy") and "HTTP/1.1 (builtin engine)" in line
     assert "certifi" in reach_of(upstream(), {}).describe()
     assert "SSL_CERT_FILE=/ca.pem" in reach_of(upstream(), {"SSL_CERT_FILE": "/ca.pem"}).ca
     assert reach_of(upstream(tls={"verify": False}), {}).ca == "none (verify: false)"
