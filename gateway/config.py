@@ -100,6 +100,15 @@ class Circuit(_Model):
     cooldown: float = Field(default=30.0, gt=0)  # seconds skipped before one probe
 
 
+def _parses(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - a password with a bare "/" leaves "user:pa" as host:port
+    except ValueError:
+        return False
+    return bool(parts.hostname)
+
+
 class Tls(_Model):
     """How an upstream's TLS is checked (README, "Networks")."""
 
@@ -154,16 +163,19 @@ class Upstream(_Model):
     @field_validator("proxy")
     @classmethod
     def _proxy_url(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().startswith(PROXY_SCHEMES):
+        if value is None:
+            return value
+        url = value.get_secret_value()
+        if not url.startswith(PROXY_SCHEMES):
             raise ValueError(f"expected a URL starting with one of {', '.join(PROXY_SCHEMES)}")
+        if not _parses(url):  # the value is never echoed: it holds credentials
+            raise ValueError("not a valid URL (percent-encode reserved characters in it)")
         return value
 
     @model_validator(mode="after")
     def _engine_can(self) -> Upstream:
         if self.engine == "builtin" and self.http2:
             raise ValueError("engine builtin speaks HTTP/1.1 only; use auto or httpx for http2")
-        if self.engine == "aiohttp" and self.proxied:
-            raise ValueError("engine aiohttp cannot use a proxy; use auto, builtin or httpx")
         proxy = self.proxy.get_secret_value() if self.proxy is not None else ""
         if self.engine == "builtin" and proxy.startswith("https://"):
             raise ValueError("engine builtin cannot use an https:// proxy; use auto or httpx")
@@ -482,13 +494,20 @@ def mask(secret: SecretStr | None) -> str:
 
 
 def mask_url(secret: SecretStr) -> str:
-    """A URL with its password (if any) masked: ``redis://:****@host:6379/0``."""
-    parts = urlsplit(secret.get_secret_value())
-    if parts.password is None:
-        return parts.geturl()
-    netloc = parts.netloc.rpartition("@")
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:****@{netloc[2]}").geturl()
+    """A URL with its credentials masked: ``redis://:****@host:6379/0``,
+    ``http://user:****@proxy:3128``, ``http://****@proxy:3128`` (a token alone).
+
+    Everything up to the last ``@`` is userinfo, whatever a parser would make of it (a
+    password with an unencoded ``/`` or ``#`` must not leak); only a user name before a
+    ``:`` is kept."""
+    url = secret.get_secret_value()
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    userinfo, _, host = rest.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:****" if colon else "****"
+    return f"{scheme}://{shown}@{host}"
 
 
 def describe(config: GatewayConfig) -> str:

@@ -25,7 +25,7 @@ from gateway.upstream.headers import (
     end_to_end_headers,
     forwarded_request_headers,
 )
-from gateway.upstream.reach import reach_of, transport_for
+from gateway.upstream.reach import reach_of, transports_for
 from gateway.upstream.routes import ResolvedLeg
 from gateway.upstream.target import upstream_url
 
@@ -87,8 +87,14 @@ class UpstreamClient:
         # Each upstream's circuit breaker, shared by the views (``for_client``).
         self.circuits = CircuitBreakers(upstreams, on_change=on_circuit_change)
         # One per upstream: its proxy, CAs, client certificate and HTTP version.
-        self._transports = {u.name: transport_for(u, limits) for u in upstreams}
-        self._proxied = {u.name for u in upstreams if reach_of(u).proxy is not None}
+        self._transports = transports_for(upstreams, limits)
+        # Plain-http upstreams behind a proxy: a 407 can only be the proxy's (through a
+        # tunnel, its refusal is raised before any response).
+        self._forwarded = {
+            u.name
+            for u in upstreams
+            if u.base_url.startswith("http://") and reach_of(u).proxy is not None
+        }
         # The static part of each upstream's headers, and its URLs, parsed once.
         self._headers = {u.name: self._static_headers(u) for u in upstreams}
         self._secrets = _secrets_of(upstreams)
@@ -141,7 +147,7 @@ class UpstreamClient:
         )
         async with asyncio.timeout(first_byte):
             response = await self._transports[upstream].handle_async_request(request)
-        if response.status_code == 407 and upstream in self._proxied:
+        if response.status_code == 407 and upstream in self._forwarded:
             # The proxy refused a plain-http request (a tunnel's refusal is raised by
             # httpx): the upstream was never reached, as with any connect error.
             await response.aclose()
@@ -297,5 +303,5 @@ class UpstreamClient:
             )
 
     async def aclose(self) -> None:
-        for transport in self._transports.values():
+        for transport in {id(t): t for t in self._transports.values()}.values():
             await transport.aclose()

@@ -27,7 +27,7 @@ import ipaddress
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -35,7 +35,7 @@ import httpcore
 import httpx
 from pydantic import SecretStr
 
-from gateway.config import Limits, Tls, Upstream, mask_url
+from gateway.config import PROXY_SCHEMES, ConfigError, Limits, Tls, Upstream, mask_url
 from gateway.upstream.transport import KEEPALIVE_EXPIRY, Http1Transport
 
 logger = logging.getLogger("gateway.upstream")
@@ -62,14 +62,23 @@ class Reach:
 
 
 def reach_of(upstream: Upstream, env: Mapping[str, str] | None = None) -> Reach:
+    """How ``upstream`` is reached; ``ConfigError`` if that cannot work (a proxy from the
+    environment that is not http:// or https://, or that the forced engine cannot use)."""
     env = os.environ if env is None else env
     proxy, source = _proxy(upstream, env)
+    tls_proxy = proxy is not None and proxy.get_secret_value().startswith("https://")
+    # HTTP/2 is negotiated by TLS (ALPN), as httpx does it: an http:// upstream speaks 1.1.
+    http2 = upstream.http2 and upstream.base_url.startswith("https://")
     engine = upstream.engine
     if engine == "auto":
         # The builtin engine speaks HTTP/1.1, directly or through an http:// proxy.
-        tls_proxy = proxy is not None and proxy.get_secret_value().startswith("https://")
-        engine = "httpx" if upstream.http2 or tls_proxy else "builtin"
-    return Reach(proxy, source, upstream.http2, engine, _ca_source(upstream, env))
+        engine = "httpx" if http2 or tls_proxy else "builtin"
+    elif engine == "builtin" and tls_proxy:
+        raise ConfigError(
+            f"upstreams.{upstream.name}: engine builtin cannot use the https:// proxy from "
+            f"{source}; use engine auto or httpx"
+        )
+    return Reach(proxy, source, http2, engine, _ca_source(upstream, env))
 
 
 def _proxy(upstream: Upstream, env: Mapping[str, str]) -> tuple[SecretStr | None, str]:
@@ -78,20 +87,28 @@ def _proxy(upstream: Upstream, env: Mapping[str, str]) -> tuple[SecretStr | None
             return None, "proxy: null"
         return upstream.proxy, "config"
     url = urlsplit(upstream.base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
     for name in (f"{url.scheme}_proxy", "all_proxy"):
         for key in (name, name.upper()):
             value = env.get(key, "").strip()
             if value:
-                if bypassed(url.hostname or "", url.port, _no_proxy(env)):
+                if bypassed(url.hostname or "", port, _no_proxy(env)):
                     return None, "NO_PROXY"
                 if "://" not in value:
                     value = "http://" + value  # curl's default scheme for a proxy
+                if not value.startswith(PROXY_SCHEMES):
+                    scheme = value.partition("://")[0]
+                    raise ConfigError(
+                        f"upstreams.{upstream.name}: the proxy in {key} is a {scheme}:// proxy; "
+                        "only http:// and https:// proxies are supported (set the "
+                        "upstream's proxy, or null to go direct)"
+                    )
                 return SecretStr(value), key
     return None, ""
 
 
 def _no_proxy(env: Mapping[str, str]) -> str:
-    return env.get("no_proxy", env.get("NO_PROXY", ""))
+    return env.get("no_proxy") or env.get("NO_PROXY", "")
 
 
 def bypassed(host: str, port: int | None, no_proxy: str) -> bool:
@@ -167,6 +184,24 @@ def tls_context(upstream: Upstream, env: Mapping[str, str] | None = None) -> ssl
     return context
 
 
+def transports_for(
+    upstreams: Iterable[Upstream], limits: Limits, env: Mapping[str, str] | None = None
+) -> dict[str, httpx.AsyncBaseTransport]:
+    """Each upstream's transport: one per way of reaching (engine, proxy, HTTP version,
+    TLS settings), so upstreams on one provider share its pool and ``limits`` hold
+    for them together, as for all the direct ones on the usual defaults."""
+    shared: dict[tuple[object, ...], httpx.AsyncBaseTransport] = {}
+    transports = {}
+    for upstream in upstreams:
+        reach = reach_of(upstream, env)
+        proxy = None if reach.proxy is None else reach.proxy.get_secret_value()
+        key = (reach.engine, proxy, reach.http2, upstream.tls)
+        if key not in shared:
+            shared[key] = transport_for(upstream, limits, env)
+        transports[upstream.name] = shared[key]
+    return transports
+
+
 def transport_for(
     upstream: Upstream, limits: Limits, env: Mapping[str, str] | None = None
 ) -> httpx.AsyncBaseTransport:
@@ -188,17 +223,24 @@ def transport_for(
         max_keepalive_connections=limits.max_keepalive_connections,
         keepalive_expiry=KEEPALIVE_EXPIRY,
     )
+    proxy = None if reach.proxy is None else reach.proxy.get_secret_value()
     if reach.engine == "aiohttp":
-        return _aiohttp_transport(context, pool)
+        return _aiohttp_transport(context, pool, proxy)
     return HttpcoreErrors(
         httpx.AsyncHTTPTransport(
             verify=context,
             http2=reach.http2,
             limits=pool,
-            proxy=None if reach.proxy is None else httpx.Proxy(reach.proxy.get_secret_value()),
+            proxy=None if proxy is None else _httpx_proxy(upstream, proxy, env),
             trust_env=False,  # the environment was read here, once
         )
     )
+
+
+def _httpx_proxy(upstream: Upstream, url: str, env: Mapping[str, str] | None) -> httpx.Proxy:
+    if url.startswith("https://"):  # its own certificate is checked as the upstream's
+        return httpx.Proxy(url, ssl_context=tls_context(upstream, env))
+    return httpx.Proxy(url)
 
 
 class HttpcoreErrors(httpx.AsyncBaseTransport):
@@ -243,7 +285,9 @@ def _certifi_context() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
-def _aiohttp_transport(context: ssl.SSLContext, pool: httpx.Limits) -> httpx.AsyncBaseTransport:
+def _aiohttp_transport(
+    context: ssl.SSLContext, pool: httpx.Limits, proxy: str | None
+) -> httpx.AsyncBaseTransport:
     try:
         from httpx_aiohttp import AiohttpTransport
     except ImportError:
@@ -251,6 +295,9 @@ def _aiohttp_transport(context: ssl.SSLContext, pool: httpx.Limits) -> httpx.Asy
             "engine: aiohttp needs the httpx-aiohttp package (pip install httpx-aiohttp)"
         ) from None
     transport: httpx.AsyncBaseTransport = AiohttpTransport(
-        verify=context, limits=pool, trust_env=False
+        verify=context,
+        limits=pool,
+        trust_env=False,
+        proxy=None if proxy is None else httpx.Proxy(proxy),
     )
     return transport

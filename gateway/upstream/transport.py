@@ -59,11 +59,12 @@ class Http1Transport(httpx.AsyncBaseTransport):
         ``CONNECT`` tunnel for an https origin, absolute-form requests for an http one;
         its URL's credentials go as ``Proxy-Authorization``."""
         self._tls = tls
-        self._proxy = proxy
         self._proxy_auth: bytes | None = None
         if proxy is not None and proxy.username:
             userinfo = f"{proxy.username}:{proxy.password}".encode()
             self._proxy_auth = b"Basic " + base64.b64encode(userinfo)
+            proxy = proxy.copy_with(username=None, password=None)  # kept only as the header
+        self._proxy = proxy
         self._max_idle = max_keepalive_connections
         self._expiry = keepalive_expiry
         self._slots = asyncio.Semaphore(max_connections)  # requests in flight
@@ -139,13 +140,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
         tunnel = _Tunnel()
         transport, _ = await loop.create_connection(lambda: tunnel, self._proxy.host, proxy_port)
         try:
-            authority = b"%s:%d" % (raw_host, port)
+            bracketed = b"[%s]" % raw_host if b":" in raw_host else raw_host  # IPv6
+            authority = b"%s:%d" % (bracketed, port)
             lines = [b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n" % (authority, authority)]
             if self._proxy_auth is not None:
                 lines.append(b"Proxy-Authorization: %s\r\n" % self._proxy_auth)
             transport.write(b"".join(lines) + b"\r\n")
             status = await tunnel.established
-            if status != 200:
+            if not 200 <= status < 300 or tunnel.garbled:
                 raise httpx.ProxyError(f"The proxy refused the tunnel ({status}).")
             secured = await loop.start_tls(transport, connection, tls, server_hostname=host)
         except BaseException:
@@ -201,15 +203,20 @@ class _Tunnel(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.established: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.garbled = False  # it said more than its answer: no tunnel to speak TLS through
         self._received = b""
 
     def data_received(self, data: bytes) -> None:
+        if self.established.done():
+            self.garbled = True  # bytes after its answer, before TLS began
+            return
         self._received += data
-        if b"\r\n\r\n" in self._received and not self.established.done():
-            status_line = self._received.split(b"\r\n", 1)[0].split()
-            ok = len(status_line) >= 2 and status_line[1].isdigit()
+        head, end, rest = self._received.partition(b"\r\n\r\n")
+        if end:
+            status_line = head.split(b"\r\n", 1)[0].split()
+            ok = len(status_line) >= 2 and status_line[1].isdigit() and not rest
             self.established.set_result(int(status_line[1]) if ok else 0)
-        elif len(self._received) > MAX_TUNNEL_HEAD and not self.established.done():
+        elif len(self._received) > MAX_TUNNEL_HEAD:
             self.established.set_result(0)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
-from gateway.config import Upstream, parse_config
+from gateway.config import ConfigError, Upstream, mask_url, parse_config
 from gateway.upstream.reach import bypassed, reach_of
 
 
@@ -81,8 +83,6 @@ def test_an_engine_that_cannot_do_what_is_asked_is_refused() -> None:
         upstream(engine="builtin", http2=True)
     with pytest.raises(Exception, match="cannot use an https:// proxy"):
         upstream(engine="builtin", proxy="https://p:1")
-    with pytest.raises(Exception, match="cannot use a proxy"):
-        upstream(engine="aiohttp", proxy="http://p:1")
     with pytest.raises(Exception, match="client_key needs a client_cert"):
         upstream(tls={"client_key": "/k.pem"})
 
@@ -101,3 +101,44 @@ def test_a_proxy_url_is_validated_and_never_echoed() -> None:
     with pytest.raises(Exception) as raised:
         upstream(proxy="socks9://user:s3cret@p:1")
     assert "s3cret" not in str(raised.value) and "proxy" in str(raised.value)
+
+
+def test_a_no_proxy_port_is_matched_against_the_schemes_default() -> None:
+    env = {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "api.example.com:8443"}
+    assert proxy_of(upstream(), env) == "http://p:1"  # https://api.example.com is :443
+    assert proxy_of(upstream(base_url="https://api.example.com:8443/v1"), env) is None
+    assert proxy_of(upstream(), env | {"no_proxy": "", "NO_PROXY": "*"}) is None
+
+
+def test_a_proxy_the_engine_cannot_use_stops_start_up_with_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match=r"socks5:// proxy.*only http:// and https://"):
+        reach_of(upstream(), {"ALL_PROXY": "socks5://user:pw@h:1080"})
+    with pytest.raises(ConfigError, match="engine builtin cannot use the https:// proxy"):
+        reach_of(upstream(engine="builtin"), {"HTTPS_PROXY": "https://p:1"})
+    assert "pw" not in str(_error(lambda: reach_of(upstream(), {"ALL_PROXY": "socks5://u:pw@h"})))
+
+
+def test_http2_is_negotiated_by_tls_so_an_http_upstream_speaks_1_1() -> None:
+    reach = reach_of(upstream(base_url="http://vllm:8000/v1", http2=True), {})
+    assert (reach.http2, reach.engine) == (False, "builtin")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://TOKEN@proxy:3128", "http://****@proxy:3128"),
+        ("http://user:ab/cd@proxy:3128", "http://user:****@proxy:3128"),
+        ("http://user:p%40ss@proxy:3128", "http://user:****@proxy:3128"),
+        ("http://proxy:3128", "http://proxy:3128"),
+    ],
+)
+def test_credentials_are_masked_whatever_a_parser_makes_of_them(url: str, shown: str) -> None:
+    assert mask_url(SecretStr(url)) == shown
+
+
+def _error(call: Callable[[], object]) -> Exception:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the test reads its message
+        return exc
+    raise AssertionError("no error")
