@@ -1,4 +1,5 @@
-"""Ways to run the chaos upstream: in a thread (sync tests), or as the process's server."""
+"""Ways to run the chaos upstream (or any asyncio server with start and aclose): in a
+thread, for sync tests, or as the process's server."""
 
 from __future__ import annotations
 
@@ -7,10 +8,60 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from ssl import SSLContext
+from typing import Protocol, TypeVar
 
 from gateway.chaos.server import ChaosUpstream
 
 _START_TIMEOUT = 10.0
+
+
+class AsyncServer(Protocol):
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+S = TypeVar("S", bound=AsyncServer)
+
+
+@contextlib.contextmanager
+def serving_in_thread(server: S, name: str) -> Iterator[S]:
+    """``server.start()`` on a new loop in a daemon thread; ``server.aclose()`` on exit.
+
+    A failure to start is raised again in the caller's thread.
+    """
+    started = threading.Event()
+    failure: list[BaseException] = []
+    control: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        try:
+            await server.start()
+        except Exception as exc:
+            failure.append(exc)
+            return
+        finally:
+            control.append((asyncio.get_running_loop(), stop))
+            started.set()
+        try:
+            await stop.wait()
+        finally:
+            await server.aclose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), name=name, daemon=True)
+    thread.start()
+    if not started.wait(_START_TIMEOUT):
+        raise RuntimeError(f"{name} did not start")
+    if failure:
+        thread.join(_START_TIMEOUT)
+        raise failure[0]
+    loop, stop = control[0]
+    try:
+        yield server
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(_START_TIMEOUT)
 
 
 @contextlib.contextmanager
@@ -21,41 +72,8 @@ def running_chaos_upstream(
 
     With ``ssl`` (a server context) it listens with TLS; its ``base_url`` is ``https://``.
     """
-    upstream = ChaosUpstream(host, port, ssl)
-    started = threading.Event()
-    failure: list[BaseException] = []
-    control: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        try:
-            await upstream.start()
-        except Exception as exc:  # raised again in the caller's thread
-            failure.append(exc)
-            return
-        finally:
-            control.append((asyncio.get_running_loop(), stop))
-            started.set()
-        try:
-            await stop.wait()
-        finally:
-            await upstream.aclose()
-
-    thread = threading.Thread(
-        target=lambda: asyncio.run(main()), name="chaos-upstream", daemon=True
-    )
-    thread.start()
-    if not started.wait(_START_TIMEOUT):
-        raise RuntimeError("the chaos upstream did not start")
-    if failure:
-        thread.join(_START_TIMEOUT)
-        raise failure[0]
-    loop, stop = control[0]
-    try:
+    with serving_in_thread(ChaosUpstream(host, port, ssl), "chaos-upstream") as upstream:
         yield upstream
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(_START_TIMEOUT)
 
 
 async def serve(host: str, port: int) -> None:

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.chaos import ChaosUpstream, running_chaos_upstream
+from gateway.chaos.runner import serving_in_thread
 from tests.net.h2_upstream import H2Upstream
 from tests.net.pki import Pki, make_pki
 from tests.net.proxy import ForwardProxy
-from tests.net.threaded import serving_in_thread
 
 PROXY_USER = "gateway"
 PROXY_PASSWORD = "s3cr/t@proxy"  # needs percent-encoding in a URL, as real ones do
