@@ -14,6 +14,7 @@ from gateway.app import CONFIG_ENV
 from gateway.config import ConfigError, GatewayConfig, default_config, describe, load_config
 from gateway.logs import config as logging_config
 from gateway.upstream.headers import OWN_CREDENTIALS
+from gateway.upstream.reach import check_reach
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.serve import serve
 
     config = _load(args.config)  # fail fast, in the parent, with a clear message
+    check_reach(config.upstreams)  # proxies, certificate files
     host = args.host or config.listen.host
     if warning := open_proxy_warning(config, host):
         # Once, from the parent (not once per worker), formatted as every other line:
@@ -97,7 +99,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    print(describe(_load(args.file)))
+    config = _load(args.file)
+    print(describe(config))
+    check_reach(config.upstreams)  # the certificate files are read, as serve reads them
     print("config OK")
     return 0
 

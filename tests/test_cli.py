@@ -183,3 +183,18 @@ def test_serve_warns_at_start_when_it_is_an_open_proxy(
     else:
         assert warnings == []
     assert UPSTREAM_KEY not in text
+
+
+def test_a_certificate_file_that_cannot_be_read_stops_check_config_and_serve(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.yaml"
+    missing = tmp_path / "absent-ca.pem"
+    path.write_text(
+        f"upstreams:\n  - name: up\n    base_url: https://x\n    tls: {{ca_file: {missing}}}\n"
+    )
+    for command in (["check-config", str(path)], ["serve", "--config", str(path)]):
+        result = subprocess.run([*CLI, *command], capture_output=True, text=True)
+        assert result.returncode == 2
+        assert "upstreams.up.tls: a certificate or key file cannot be loaded" in result.stderr
+        assert "Traceback" not in result.stderr

@@ -159,15 +159,37 @@ def _ca_source(upstream: Upstream, env: Mapping[str, str]) -> str:
     return "certifi"
 
 
-def tls_context(upstream: Upstream, env: Mapping[str, str] | None = None) -> ssl.SSLContext:
-    """The TLS context of ``upstream``'s connections (``ssl.SSLError``/``OSError`` if a
-    configured file cannot be read: start-up stops there)."""
-    env = os.environ if env is None else env
+def check_reach(upstreams: Iterable[Upstream], env: Mapping[str, str] | None = None) -> None:
+    """Everything ``transports_for`` will need, loaded once: ``ConfigError`` naming the
+    upstream if a proxy cannot be used or a certificate file cannot be read (start-up
+    and ``check-config`` stop there, with that message rather than a traceback)."""
+    for upstream in upstreams:
+        reach_of(upstream, env)
+        tls_context(upstream, env, warn=False)
+
+
+def tls_context(
+    upstream: Upstream, env: Mapping[str, str] | None = None, *, warn: bool = True
+) -> ssl.SSLContext:
+    """The TLS context of ``upstream``'s connections; ``ConfigError`` if a configured
+    certificate file cannot be loaded."""
+    try:
+        return _tls_context(upstream, os.environ if env is None else env, warn=warn)
+    except (OSError, ssl.SSLError) as exc:  # ssl.SSLError is an OSError; said for clarity
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ConfigError(
+            f"upstreams.{upstream.name}.tls: a certificate or key file cannot be loaded ({reason})"
+        ) from None
+
+
+def _tls_context(upstream: Upstream, env: Mapping[str, str], *, warn: bool) -> ssl.SSLContext:
     tls = upstream.tls
     if not tls.verify:
-        logger.warning(
-            "TLS certificates of upstream %r are not verified (tls.verify: false)", upstream.name
-        )
+        if warn:
+            logger.warning(
+                "TLS certificates of upstream %r are not verified (tls.verify: false)",
+                upstream.name,
+            )
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

@@ -272,3 +272,15 @@ def test_ssl_cert_dir_is_honoured(
     no_proxy_env.setenv("SSL_CERT_DIR", str(tmp_path))
     model = "chaos:text=10,seed=12"
     assert streamed(config(tls_chaos.base_url), model) == expected_answer(model).text
+
+
+def test_an_https_proxy_is_spoken_to_over_tls_checked_like_the_upstream(
+    no_proxy_env: pytest.MonkeyPatch, tls_chaos: ChaosUpstream, tls_proxy: ForwardProxy, pki: Pki
+) -> None:
+    """TLS to the proxy itself, then a tunnel with TLS to the upstream inside it: httpx's
+    engine (``auto`` picks it), both certificates from the configured CA."""
+    model = "chaos:text=20,seed=13,fault=reset,at=8,times=1"
+    settings = config(tls_chaos.base_url, proxy=tls_proxy.url, tls={"ca_file": str(pki.ca_cert)})
+    assert streamed(settings, model) == expected_answer(model).text
+    assert [r.method for r in tls_proxy.requests] == ["CONNECT", "CONNECT"]
+    assert len(tls_chaos.requests_for(model)) == 2
