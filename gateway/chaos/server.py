@@ -53,7 +53,14 @@ from gateway.chaos.faults import (
     stall,
 )
 from gateway.chaos.http11 import BadRequest, Request, read_request
-from gateway.chaos.spec import HTTP2_FAULTS, HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
+from gateway.chaos.spec import (
+    HTTP2_FAULTS,
+    HTTP_FAULTS,
+    STREAM_FAULTS,
+    ChaosSpec,
+    SpecCounts,
+    parse_spec,
+)
 from gateway.chaos.wire import send_events, send_json, send_json_cut
 
 logger = logging.getLogger("gateway.chaos")
@@ -114,8 +121,7 @@ class ChaosUpstream:
         self.requests: list[RecordedRequest] = []
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
-        self._faulted: dict[str, int] = {}  # spec string -> requests seen carrying it
-        self._attempts: dict[str, int] = {}  # spec string -> completions requested with it
+        self._counts = SpecCounts()  # times= and attempts, by spec string
         self._ids = itertools.count(1)
 
     async def start(self) -> None:
@@ -248,14 +254,6 @@ class ChaosUpstream:
         message = f"Unknown request URL: {request.method} {request.path}."
         return await _reply_error(writer, request, 404, message, "unknown_url")
 
-    def _take_fault(self, spec: ChaosSpec) -> str | None:
-        """The fault this request gets: ``times=T`` spares all but the first T carrying the spec."""
-        if spec.fault is None or spec.times is None:
-            return spec.fault
-        seen = self._faulted.get(spec.source, 0)
-        self._faulted[spec.source] = seen + 1
-        return spec.fault if seen < spec.times else None
-
     def _said(self, spec: ChaosSpec, payload: dict[str, Any], recorded: RecordedRequest) -> Said:
         """What a completion answers: the prefix it continues, its echo, its text deltas
         (None: the script's own), recorded on ``recorded``."""
@@ -275,11 +273,6 @@ class ChaosUpstream:
         recorded.prefix, recorded.echo = prefix, echo
         recorded.answered_text = script.text[len(prefix) :] if deltas is None else "".join(deltas)
         return Said(script, prefix, echo, deltas, recorded.answered_text)
-
-    def _take_attempt(self, spec: ChaosSpec) -> int:
-        attempt = self._attempts.get(spec.source, 0)
-        self._attempts[spec.source] = attempt + 1
-        return attempt
 
     async def _answer(
         self,
@@ -305,8 +298,8 @@ class ChaosUpstream:
             return await _reply_error(writer, request, 400, message)
         if request.path == "/v1/messages" and (refusal := messages.prefill_error(payload)):
             return await _reply_error(writer, request, 400, refusal)
-        recorded.attempt = self._take_attempt(spec)
-        fault = self._take_fault(spec)
+        recorded.attempt = self._counts.take_attempt(spec)
+        fault = self._counts.take_fault(spec)
         if fault in HTTP2_FAULTS:  # no GOAWAY or RST_STREAM in HTTP/1.1
             fault = HTTP2_FAULTS[fault]
         if fault == "reset_before":

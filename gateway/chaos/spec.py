@@ -194,3 +194,26 @@ def parse_spec(model: str) -> ChaosSpec:
         except ValueError as exc:
             raise ValueError(f"invalid chaos spec {model!r}: {key}={value!r}: {exc}") from None
     return ChaosSpec(source=model, **values)  # type: ignore[arg-type]
+
+
+class SpecCounts:
+    """Requests counted by their exact spec string, as ``times=`` and ``attempt`` count
+    them (shared by every server that answers chaos specs)."""
+
+    def __init__(self) -> None:
+        self._faulted: dict[str, int] = {}  # spec string -> requests seen carrying it
+        self._attempts: dict[str, int] = {}  # spec string -> completions requested with it
+
+    def take_fault(self, spec: ChaosSpec) -> str | None:
+        """The fault this request gets: ``times=T`` spares all but the first T carrying it."""
+        if spec.fault is None or spec.times is None:
+            return spec.fault
+        seen = self._faulted.get(spec.source, 0)
+        self._faulted[spec.source] = seen + 1
+        return spec.fault if seen < spec.times else None
+
+    def take_attempt(self, spec: ChaosSpec) -> int:
+        """This request's number among the completions carrying the spec (0: the first)."""
+        attempt = self._attempts.get(spec.source, 0)
+        self._attempts[spec.source] = attempt + 1
+        return attempt

@@ -55,7 +55,14 @@ from gateway.chaos.answer import (
     script_for,
 )
 from gateway.chaos.faults import break_stream, fault_cut, reset
-from gateway.chaos.spec import HTTP2_FAULTS, HTTP_FAULTS, STREAM_FAULTS, ChaosSpec, parse_spec
+from gateway.chaos.spec import (
+    HTTP2_FAULTS,
+    HTTP_FAULTS,
+    STREAM_FAULTS,
+    ChaosSpec,
+    SpecCounts,
+    parse_spec,
+)
 
 logger = logging.getLogger("tests.net.h2_upstream")
 
@@ -109,8 +116,7 @@ class H2Upstream:
         self._connections: dict[asyncio.Task[Any], _Connection] = {}
         self._numbers = itertools.count(1)
         self._ids = itertools.count(1)
-        self._faulted: dict[str, int] = {}
-        self._attempts: dict[str, int] = {}
+        self.counts = SpecCounts()  # times= and attempts, as the chaos upstream counts them
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -149,19 +155,6 @@ class H2Upstream:
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-
-    def take_fault(self, spec: ChaosSpec) -> str | None:
-        """As the chaos upstream: ``times=T`` spares all but the first T carrying the spec."""
-        if spec.fault is None or spec.times is None:
-            return spec.fault
-        seen = self._faulted.get(spec.source, 0)
-        self._faulted[spec.source] = seen + 1
-        return spec.fault if seen < spec.times else None
-
-    def take_attempt(self, spec: ChaosSpec) -> int:
-        attempt = self._attempts.get(spec.source, 0)
-        self._attempts[spec.source] = attempt + 1
-        return attempt
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -398,8 +391,8 @@ class _Connection:
             )
             await self.send_error(stream_id, 400, message)
             return
-        attempt = recorded.attempt = self.upstream.take_attempt(spec)
-        fault = recorded.fault = self.upstream.take_fault(spec)
+        attempt = recorded.attempt = self.upstream.counts.take_attempt(spec)
+        fault = recorded.fault = self.upstream.counts.take_fault(spec)
         if fault == "reset_before":
             self.closed = True
             await reset(self.writer, flush=False)
