@@ -248,6 +248,22 @@ def read_then_kill(
     return run_id, first
 
 
+def resume_with_sdk(replica: Replica, model: str, resume: dict[str, str]) -> list[dict[str, Any]]:
+    """The rest of a run, as the anthropic SDK reads it from ``replica`` (``resume``: the
+    x-run-id and x-resume-from headers)."""
+    with (
+        sdk(replica) as client,
+        client.messages.create(
+            model=model,
+            max_tokens=MAX_TOKENS,
+            messages=MESSAGES,
+            stream=True,
+            extra_headers=resume,
+        ) as rest,
+    ):
+        return [event.to_dict(mode="json") for event in rest]
+
+
 # -- takeover through the anthropic SDK ---------------------------------------------------------
 
 
@@ -260,17 +276,7 @@ def test_sdk_resume_on_another_replica_after_the_owner_is_killed_takes_the_run_o
     held = text_of(first)
     assert held, "the client has no text yet: the kill is not mid-text"
     resume = {"x-run-id": run_id, "x-resume-from": str(len(first))}
-    with (
-        sdk(b) as client,
-        client.messages.create(
-            model=model,
-            max_tokens=MAX_TOKENS,
-            messages=MESSAGES,
-            stream=True,
-            extra_headers=resume,
-        ) as rest,
-    ):
-        events = first + [event.to_dict(mode="json") for event in rest]
+    events = first + resume_with_sdk(b, model, resume)
     check_whole_answer(events, model)
     assert b.resumed("takeover") == 1
     # B continued the upstream through the anthropic-kind upstream, from the checkpoint,
@@ -347,17 +353,7 @@ def test_another_credential_gets_a_404_on_another_replica_and_takes_nothing_over
     assert httpx.get(url, headers=other, timeout=DEADLINE).status_code == 404
     assert b.resumed("takeover") == 0
     assert len(chaos.requests_for(model)) == 1
-    with (
-        sdk(b) as client,
-        client.messages.create(
-            model=model,
-            max_tokens=MAX_TOKENS,
-            messages=MESSAGES,
-            stream=True,
-            extra_headers=resume,
-        ) as rest,
-    ):
-        events = first + [event.to_dict(mode="json") for event in rest]
+    events = first + resume_with_sdk(b, model, resume)
     check_whole_answer(events, model)
     assert b.resumed("takeover") == 1
 
