@@ -204,33 +204,14 @@ async def responses(
     # Not durability async: the protocols' costs compare the same way on either.
     ours = [t for t in targets if t.name == "direct" or t.name in GATEWAYS[:3]]
     gateways = [t for t in ours if t.name in GATEWAYS]
-    chat, rsp, n = workloads.CHAT, workloads.RESPONSES, p["responses_streams"]
+    rsp, n = workloads.RESPONSES, p["responses_streams"]
     out: dict[str, Any] = {"streams": n}
     out["ttft"] = await workloads.ttft(ours, p["ttft_requests"], p["ttft_block"], rsp)
     out["concurrency"] = await workloads.protocols(
         ours, n, p["responses_rounds"], p["warmup"], roles
     )
     out["seam"] = await workloads.seam(gateways, chaos, p["recoveries"], rsp)
-    out["summary"] = {}
-    for t in gateways:
-        # CPU s per 1000 deltas is CPU ms per delta.
-        mine = out["concurrency"][rsp][t.name]["cpu_s_per_1000_chunks"]
-        theirs = out["concurrency"][chat][t.name]["cpu_s_per_1000_chunks"]
-        seam = out["seam"][t.name]
-        out["summary"][t.name] = {
-            "streams": n,
-            "chat_cpu_ms_per_delta": theirs,
-            "responses_cpu_ms_per_delta": mine,
-            "cpu_ratio": mine / theirs if mine is not None and theirs else None,
-            "chat_frames_vs_direct": out["concurrency"][chat][t.name]["vs_direct"],
-            "responses_frames_vs_direct": out["concurrency"][rsp][t.name]["vs_direct"],
-            "chat_ttft_added_p50": done["ttft"].get(t.name, {}).get("added_p50"),
-            "ttft_added_p50": out["ttft"][t.name]["added_p50"],
-            "ttft_added_p99": out["ttft"][t.name]["added_p99"],
-            "chat_seam_excess_p50": done["seam"].get(t.name, {}).get("excess_p50"),
-            "seam_excess_p50": seam["excess_p50"],
-            "seam_excess_p99": seam["excess_p99"],
-        }
+    out["summary"] = summary(out, gateways, rsp, done["ttft"], done["seam"])
     return out
 
 
@@ -266,26 +247,40 @@ async def messages(
         ours, n, p["messages_rounds"], p["warmup"], chaos_roles, msg, paced
     )
     out["seam"] = await workloads.seam(gateways, chaos, p["recoveries"], msg)
-    out["summary"] = {}
+    out["summary"] = summary(out, gateways, msg, out["chat_ttft"], done["seam"])
+    return out
+
+
+def summary(
+    out: dict[str, Any],
+    gateways: list[Target],
+    protocol: str,
+    chat_ttft: dict[str, Any],
+    chat_seam: dict[str, Any],
+) -> dict[str, dict[str, Any]]:
+    """A protocol's row next to chat's, per gateway: CPU per delta (CPU s per 1000
+    deltas is CPU ms per delta) and its ratio, frames/s, added TTFT and seam."""
+    chat, n = workloads.CHAT, out["streams"]
+    rows = {}
     for t in gateways:
-        mine = out["concurrency"][msg][t.name]["cpu_s_per_1000_chunks"]
+        mine = out["concurrency"][protocol][t.name]["cpu_s_per_1000_chunks"]
         theirs = out["concurrency"][chat][t.name]["cpu_s_per_1000_chunks"]
         seam = out["seam"][t.name]
-        out["summary"][t.name] = {
+        rows[t.name] = {
             "streams": n,
             "chat_cpu_ms_per_delta": theirs,
-            "messages_cpu_ms_per_delta": mine,
+            f"{protocol}_cpu_ms_per_delta": mine,
             "cpu_ratio": mine / theirs if mine is not None and theirs else None,
             "chat_frames_vs_direct": out["concurrency"][chat][t.name]["vs_direct"],
-            "messages_frames_vs_direct": out["concurrency"][msg][t.name]["vs_direct"],
-            "chat_ttft_added_p50": out["chat_ttft"][t.name]["added_p50"],
+            f"{protocol}_frames_vs_direct": out["concurrency"][protocol][t.name]["vs_direct"],
+            "chat_ttft_added_p50": chat_ttft.get(t.name, {}).get("added_p50"),
             "ttft_added_p50": out["ttft"][t.name]["added_p50"],
             "ttft_added_p99": out["ttft"][t.name]["added_p99"],
-            "chat_seam_excess_p50": done["seam"].get(t.name, {}).get("excess_p50"),
+            "chat_seam_excess_p50": chat_seam.get(t.name, {}).get("excess_p50"),
             "seam_excess_p50": seam["excess_p50"],
             "seam_excess_p99": seam["excess_p99"],
         }
-    return out
+    return rows
 
 
 def targets_met(results: dict[str, Any]) -> list[dict[str, Any]]:
