@@ -441,8 +441,8 @@ def _valid_json(text: str) -> bool:
     return True
 
 
-def differences(expected: Answer, received: Received) -> list[str]:
-    """How ``received`` differs from an unbroken answer; empty when byte-identical."""
+def _text_problems(expected: Answer, received: Received) -> list[str]:
+    """What every scene checks first: the stream ended well, with the exact text."""
     problems = []
     if received.error is not None:
         problems.append(f"the stream ended with an error: {received.error.get('message')}")
@@ -452,6 +452,12 @@ def differences(expected: Answer, received: Received) -> list[str]:
             f"the text differs from character {agree} on ({len(received.text)} characters "
             f"received, {len(expected.text)} expected)"
         )
+    return problems
+
+
+def differences(expected: Answer, received: Received) -> list[str]:
+    """How ``received`` differs from an unbroken answer; empty when byte-identical."""
+    problems = _text_problems(expected, received)
     if received.tool_calls != expected.tool_calls:
         problems.append("the tool calls differ")
     problems += [
@@ -474,15 +480,7 @@ def responses_differences(expected: Answer, received: Received) -> list[str]:
     The text, whole and exact; one response id; ``sequence_number`` 0, 1, 2… with no
     gap or repeat; a ``response.completed`` whose output text is the streamed text.
     """
-    problems = []
-    if received.error is not None:
-        problems.append(f"the stream ended with an error: {received.error.get('message')}")
-    if received.text != expected.text:
-        agree = len(os.path.commonprefix([received.text, expected.text]))
-        problems.append(
-            f"the text differs from character {agree} on ({len(received.text)} characters "
-            f"received, {len(expected.text)} expected)"
-        )
+    problems = _text_problems(expected, received)
     if received.sequence != list(range(len(received.sequence))):
         problems.append("sequence_number has a gap or a repeat")
     if len(received.response_ids) != 1:
@@ -502,15 +500,7 @@ def messages_differences(expected: Answer, received: Received) -> list[str]:
     started and stopped once, indexes 0, 1, 2…; one message_delta with the stop
     reason, one message_stop; the SDK's final message saying the streamed text.
     """
-    problems = []
-    if received.error is not None:
-        problems.append(f"the stream ended with an error: {received.error.get('message')}")
-    if received.text != expected.text:
-        agree = len(os.path.commonprefix([received.text, expected.text]))
-        problems.append(
-            f"the text differs from character {agree} on ({len(received.text)} characters "
-            f"received, {len(expected.text)} expected)"
-        )
+    problems = _text_problems(expected, received)
     if received.thinking != expected.reasoning:
         problems.append("the thinking differs")
     if expected.reasoning and not received.signature:
