@@ -9,9 +9,10 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -20,6 +21,7 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gateway.api import ops
 from gateway.api.chat import chat_completions
@@ -33,7 +35,7 @@ from gateway.context import Gateway
 from gateway.errors import GatewayError, error_body
 from gateway.listen import STATE_KEY, ListenLimits
 from gateway.metrics import Metrics, process_exited, sweep_dead_workers
-from gateway.observe import CLIENT_CLOSED, Observer
+from gateway.observe import CLIENT_CLOSED, Observer, request_log
 
 logger = logging.getLogger("gateway")
 
@@ -98,6 +100,54 @@ def drain_on_sigterm(gateway: Gateway) -> Callable[[], None]:
     return restore
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
+ERROR_HANDLERS: dict[type[Exception], ErrorHandler] = {
+    GatewayError: _gateway_error,
+    HTTPException: _http_error,
+    ClientDisconnect: _client_gone,
+    Exception: _unexpected_error,
+}
+
+
+class GatewayApp(Starlette):
+    """Starlette, with a short way in for the model calls.
+
+    ``POST`` to a path in ``direct`` (chat completions, responses, messages) goes
+    straight to its endpoint under the ``Observer``: not through Starlette's error
+    and exception middleware, router and endpoint wrapper, each of which costs every
+    request a few calls and wraps ``send`` once more, which every relayed chunk then
+    pays for (BENCHMARKS.md, "512 streams"). The endpoint's errors get the same
+    handlers (``ERROR_HANDLERS``) and the same answers. Everything else, and any other
+    method on those paths (405), takes Starlette's way.
+    """
+
+    def __init__(
+        self, *, direct: dict[str, Endpoint], metrics: Metrics, content: bool, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self._direct = direct
+        self._observed = Observer(self._serve_direct, metrics, content=content)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self._direct:
+            scope["app"] = self
+            await self._observed(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _serve_direct(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        try:
+            response = await self._direct[scope["path"]](request)
+        except Exception as exc:
+            handler = next(ERROR_HANDLERS[t] for t in type(exc).__mro__ if t in ERROR_HANDLERS)
+            if handler is _unexpected_error:  # logged by it; and in the request's line
+                request_log().error = type(exc).__name__
+            response = await handler(request, exc)
+        await response(scope, receive, send)
+
+
 def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlette:
     metrics = metrics if metrics is not None else Metrics()
 
@@ -128,16 +178,18 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
         Route("/readyz", ops.readyz, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
     ]
-    return Starlette(
+    return GatewayApp(
+        direct={
+            "/v1/chat/completions": chat_completions,
+            "/v1/responses": create_response,
+            "/v1/messages": create_message,
+        },
+        metrics=metrics,
+        content=config.logging.content,
         routes=routes,
         lifespan=lifespan,
         middleware=[Middleware(Observer, metrics=metrics, content=config.logging.content)],
-        exception_handlers={
-            GatewayError: _gateway_error,
-            HTTPException: _http_error,
-            ClientDisconnect: _client_gone,
-            Exception: _unexpected_error,
-        },
+        exception_handlers=dict(ERROR_HANDLERS),
     )
 
 

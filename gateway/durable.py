@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from gateway.checkpoint.model import (
@@ -246,6 +246,14 @@ class LocalRun:
         self.lost = False  # another replica took the run over: nothing more is written here
         self.alias: str | None = None  # the answer's own id, where clients name it (Runs.alias)
         self._keepalive: asyncio.TimerHandle | None = None
+        # Checkpoints every ``checkpoint_every`` content deltas where another process
+        # reads them. Only this process reads an in-memory store, and while the run
+        # lives its followers read the log itself: the last checkpoint (``Runs.ended``)
+        # is all a later resume needs.
+        self._every = runs.config.checkpoint_every if runs.shared else 1 << 62
+        self._progress = 0  # content received so far, in characters and tool calls
+        self._gated = log.gated and runs.writer is not None
+        self._alias = run.adapter.aliased  # until the answer's own id is known
         if runs.shared:  # another replica may take the run over from this checkpoint
             run.on_interrupted = self.checkpoint
         self.task = asyncio.get_running_loop().create_task(self._produce(resume))
@@ -263,52 +271,14 @@ class LocalRun:
             self._runs.writer.mark(self)
 
     async def _produce(self, resume: Cause | None) -> None:
-        log, every = self.log, self._runs.config.checkpoint_every
-        writer = self._runs.writer
-        gated = log.gated and writer is not None
         if self._runs.shared:
             # The first checkpoint (the record) goes with the first event: written
             # before it, it would compete with it for the loop (TTFT), and a client
             # with nothing yet has nothing to resume.
-            self._deltas = every
-        else:
-            # Only this process reads an in-memory store, and while the run lives its
-            # followers read the log itself: the last checkpoint (``Runs.ended``) is
-            # all a later resume needs.
-            every = 1 << 62
-        accumulator = self.run.accumulator
-        alias = self.run.adapter.aliased  # until the answer's own id is known
-        progress = 0  # content only: the role chunk is not a delta
-        lag_limit = self._runs.max_client_lag
+            self._deltas = self._every
         self._keep_alive(-1)
         try:
-            async for data in self.run.aiter_sse(resume):
-                log.append(data)
-                if alias and accumulator.identity is not None:
-                    alias = False
-                    self._runs.alias(accumulator.identity.get("id"), self)
-                if gated:
-                    # Group commit: the writer's next batch carries this event, and its
-                    # acknowledgement releases it (``flushed``). With the store down,
-                    # events go out at once, unprotected (counted).
-                    assert writer is not None
-                    if self.lost:
-                        pass  # fenced: what is not released is the new owner's to send
-                    elif writer.healthy:
-                        writer.mark(self)
-                    else:
-                        self._release_unprotected()
-                if log.lagging(lag_limit):
-                    # A follower is not reading: stop reading the upstream meanwhile.
-                    await log.make_room(lag_limit, self._runs.config.detach_grace)
-                now = accumulator.text_chars + accumulator.reasoning_chars
-                now += len(accumulator.tool_calls)
-                if now != progress:
-                    progress = now
-                    self._deltas += 1
-                if self._watched or self._deltas >= every:
-                    self._deltas = 0
-                    self.checkpoint()
+            await self.run.relay(self._emit, resume)
             self.status = self._ended_as() or "failed"
         except asyncio.CancelledError:
             # Stopped: its grace ran out, or the drain deadline (or it was cancelled while
@@ -323,8 +293,45 @@ class LocalRun:
             if self._keepalive is not None:
                 self._keepalive.cancel()
                 self._keepalive = None
-            log.close()
+            self.log.close()
             self._runs.ended(self)
+
+    def _emit(self, data: bytes) -> Awaitable[None] | None:
+        """One or more events of the run, as it relays them: into the log, and due for
+        a checkpoint when they should be. Returns what to wait for when a follower is too
+        far behind (the run stops reading its upstream meanwhile)."""
+        log = self.log
+        log.append(data)
+        if self._alias and self.run.accumulator.identity is not None:
+            self._alias = False
+            self._runs.alias(self.run.accumulator.identity.get("id"), self)
+        if self._gated:
+            # Group commit: the writer's next batch carries this event, and its
+            # acknowledgement releases it (``flushed``). With the store down,
+            # events go out at once, unprotected (counted).
+            writer = self._runs.writer
+            assert writer is not None
+            if self.lost:
+                pass  # fenced: what is not released is the new owner's to send
+            elif writer.healthy:
+                writer.mark(self)
+            else:
+                self._release_unprotected()
+        accumulator = self.run.accumulator
+        # Content only: the role chunk is not a delta.
+        progress = accumulator.text_chars + accumulator.reasoning_chars
+        progress += len(accumulator.tool_calls)
+        if progress != self._progress:
+            self._progress = progress
+            self._deltas += 1
+        if self._watched or self._deltas >= self._every:
+            self._deltas = 0
+            self.checkpoint()
+        limit = self._runs.max_client_lag
+        if log.lagging(limit):
+            # A follower is not reading: stop reading the upstream meanwhile.
+            return log.make_room(limit, self._runs.config.detach_grace)
+        return None
 
     def _keep_alive(self, seen: int) -> None:
         """Every half ``keepalive_interval``: if no event came since the last look, ping

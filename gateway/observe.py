@@ -67,6 +67,43 @@ def route_kind(path: str) -> str:
     return "none"
 
 
+class ObservedSend:
+    """The ``send`` an observed request's app is given: it notes the response's status,
+    its first byte and the bytes sent, then sends.
+
+    A streaming response that gets one unwrapped (``RunStream``) may note its chunks
+    itself (``sent``) and send them with ``raw``: one call per chunk instead of two.
+    Wrapped by anything else (Starlette's exception middleware), it is a plain ``send``.
+    """
+
+    __slots__ = ("raw", "record", "_observer")
+
+    def __init__(self, raw: Send, record: RequestLog, observer: Observer) -> None:
+        self.raw = raw
+        self.record = record
+        self._observer = observer
+
+    async def __call__(self, message: Message) -> None:
+        record = self.record
+        if message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            if body:
+                self.sent(len(body))
+            if not message.get("more_body", False):
+                record.complete = True
+        elif message["type"] == "http.response.start":
+            record.status = message["status"]
+        await self.raw(message)
+
+    def sent(self, size: int) -> None:
+        """``size`` bytes of the response body are being sent."""
+        record = self.record
+        if record.first_byte is None:
+            record.first_byte = time.perf_counter()
+            self._observer.first_byte(record)
+        record.sent += size
+
+
 class Observer:
     def __init__(self, app: ASGIApp, metrics: Metrics, *, content: bool = False) -> None:
         self.app = app
@@ -87,22 +124,8 @@ class Observer:
                 record.disconnected = not record.complete
             return message
 
-        async def observed_send(message: Message) -> None:
-            if message["type"] == "http.response.body":
-                body = message.get("body", b"")
-                if body:
-                    if record.first_byte is None:
-                        record.first_byte = time.perf_counter()
-                        self.first_byte(record)
-                    record.sent += len(body)
-                if not message.get("more_body", False):
-                    record.complete = True
-            elif message["type"] == "http.response.start":
-                record.status = message["status"]
-            await send(message)
-
         try:
-            await self.app(scope, observed_receive, observed_send)
+            await self.app(scope, observed_receive, ObservedSend(send, record, self))
         except asyncio.CancelledError:
             record.error = "cancelled"
             raise

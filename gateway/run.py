@@ -20,6 +20,10 @@ The loop knows its protocol (chat completions, Responses) only through its
 Hot path (per chunk): one orjson parse, the splicer's dict lookups, and the
 received bytes forwarded when nothing needs rewriting; with a ``min_throughput``, a
 character count and a clock read against a deadline (recovery/throughput.py). No logging.
+The client's events are pushed into an ``Emit`` callback, not yielded: one loop reads
+the upstream body, decodes, splices and hands the bytes on, where a chain of async
+generators (body, SSE, relay, run) cost more per delta than all of that together
+(BENCHMARKS.md, "512 streams").
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -56,7 +60,7 @@ from gateway.recovery.seam import SeamRule
 from gateway.recovery.throughput import ThroughputGuard
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
-from gateway.upstream.sse import aiter_data
+from gateway.upstream.sse import SSEDecoder, event_stream
 
 logger = logging.getLogger("gateway.run")
 
@@ -64,6 +68,15 @@ _REASONING_MODEL = re.compile(r"(?:^|[^a-z0-9])o[134](?:$|[^0-9])|thinking|reaso
 
 
 DRAIN_TIMEOUT = 0.05  # an upstream ends its body right after [DONE], or not at all
+
+# Where a run's client events go, one call per event (or batch of events): the durable
+# run's log, or nowhere for a non-streaming run. It may return an awaitable the relay
+# waits for before it reads on (back-pressure: a client far behind).
+Emit = Callable[[bytes], Awaitable[None] | None]
+
+
+def _discard(data: bytes) -> None:
+    return None
 
 
 async def _drain(rest: AsyncIterator[bytes]) -> None:
@@ -140,6 +153,7 @@ class Run:
         # its seam (README, "Crash resume").
         self.trim_next_seam = True
         self._seam: SeamRule | None = None  # what the open continuation repeats first
+        self._awaiting_content = True  # no content sent yet: the next is the first token
         self._prefilled = False  # the open request ends with an assistant message
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
         self.on_interrupted: Callable[[], None] | None = None
@@ -325,8 +339,9 @@ class Run:
 
     # -- the client stream ----------------------------------------------------------
 
-    async def aiter_sse(self, resume: Cause | None = None) -> AsyncIterator[bytes]:
-        """The client's SSE body: spliced events, then the successful end or an error.
+    async def relay(self, emit: Emit, resume: Cause | None = None) -> None:
+        """Relay the client's SSE body into ``emit``: spliced events, then the successful
+        end or an error event.
 
         ``resume``: the run was restored from a checkpoint (``restore``) and starts
         with a recovery, as if its stream had broken for that cause.
@@ -335,11 +350,10 @@ class Run:
         metrics.active_streams.inc()
         failure = None if resume is None else self._interrupted(resume)
         try:
-            async for data in self._run(failure):
-                yield data
+            await self._run(emit, failure)
         except GatewayError as exc:
             self.outcome = "failed"
-            yield self.splicer.fail(exc)
+            await _emitted(emit, self.splicer.fail(exc))
         except asyncio.CancelledError:
             self.outcome = self.outcome or "detached"
             raise
@@ -347,7 +361,7 @@ class Run:
             self.outcome = "failed"
             logger.exception("run failed", extra={"run_id": self.id})
             failed = GatewayError("The gateway failed while relaying the answer.")
-            yield self.splicer.fail(failed)
+            await _emitted(emit, self.splicer.fail(failed))
         finally:
             metrics.active_streams.dec()
             metrics.stream_duration.labels(route).observe(time.perf_counter() - self._started)
@@ -357,8 +371,7 @@ class Run:
     async def collect(self) -> dict[str, Any]:
         """Run to the end for a non-streaming client; return the assembled answer."""
         try:
-            async for _ in self._run():
-                pass
+            await self._run(_discard)
         except asyncio.CancelledError:
             # Its client left (api/chat.py): the upstream response is closed below.
             self.outcome = self.outcome or "cancelled"
@@ -380,23 +393,16 @@ class Run:
                     if isinstance(tokens, int) and tokens > 0:
                         self._metrics.tokens.labels(kind, str(leg)).inc(tokens)
 
-    async def _run(self, failure: StreamInterrupted | None = None) -> AsyncIterator[bytes]:
+    async def _run(self, emit: Emit, failure: StreamInterrupted | None = None) -> None:
         """Relay legs until the answer is complete; start by recovering from ``failure``."""
-        awaiting_content = not self.accumulator.text_chars
+        self._awaiting_content = not self.accumulator.text_chars
         while True:
             if failure is None:
                 try:
-                    async for data in self._relay():
-                        if awaiting_content and self.accumulator.text_chars:
-                            awaiting_content = False
-                            self.first_token_at = time.perf_counter()
-                            self._metrics.ttft.labels(self.route.name).observe(
-                                self.first_token_at - self._started
-                            )
-                        yield data
+                    await self._relay(emit)
                     self._upstreams.circuits[self.leg.upstream.name].succeeded()
                     self._count_recoveries("recovered")
-                    yield self.splicer.close()
+                    await _emitted(emit, self.splicer.close())
                     self.outcome = "done"
                     return
                 except StreamInterrupted as interrupted:
@@ -410,7 +416,7 @@ class Run:
             self.splicer.end_leg()
             if self.splicer.finished:  # broke after the answer was complete
                 self._count_recoveries("recovered")
-                yield self.splicer.close()
+                await _emitted(emit, self.splicer.close())
                 self.outcome = "done"
                 return
             plan = plan_recovery(self.splicer.snapshot())
@@ -419,8 +425,8 @@ class Run:
                 self._plans.append(plan)
                 self.recoveries += 1
                 self._count_recoveries("recovered")
-                yield self.splicer.synthesize_tool_use()
-                yield self.splicer.close()
+                await _emitted(emit, self.splicer.synthesize_tool_use())
+                await _emitted(emit, self.splicer.close())
                 self.outcome = "done"
                 return
             if failure.fatal:
@@ -478,36 +484,51 @@ class Run:
             },
         )
 
-    async def _relay(self) -> AsyncIterator[bytes]:
-        """Client bytes for the open attempt; ``StreamInterrupted`` if it breaks."""
+    async def _relay(self, emit: Emit) -> None:
+        """Relay the open attempt into ``emit``; ``StreamInterrupted`` if it breaks.
+
+        One loop from the upstream's bytes to the client's: read, decode the SSE,
+        parse, splice, emit. Nothing here yields per event.
+        """
         assert self._response is not None, "open() first"
-        splicer, adapter = self.splicer, self.adapter
+        splicer, adapter, accumulator = self.splicer, self.adapter, self.accumulator
+        parse = adapter.parse_event
         received = False
         clock = asyncio.get_running_loop().time
         guard: ThroughputGuard | None = None
-        events = aiter_data(self._response, self._upstreams.max_event_bytes)
+        decoder = SSEDecoder(self._upstreams.max_event_bytes)
+        body = aiter(event_stream(self._response))  # one iterator: its rest is drained later
         try:
             async with asyncio.timeout_at(self._first_event_deadline) as first_event:
-                async for data in events:
-                    event = adapter.parse_event(data)
-                    if type(event) is Chunk:
-                        if not received:
-                            received = True
-                            first_event.reschedule(None)
-                            guard = self._throughput_guard(clock())
-                        slow = guard is not None and guard.add(adapter.delta_chars(event), clock())
-                        out = splicer.feed(event)
-                        if out is not None:
-                            yield out
-                        if slow and not splicer.finished:
-                            raise self._interrupted(Cause.SLOW)
-                    elif type(event) is Malformed:
-                        self._metrics.malformed_events.labels(self.leg.upstream.name).inc()
-                    elif type(event) is InBandError:
-                        fatal = not is_transient_error(event.error)
-                        raise self._interrupted(Cause.IN_BAND_ERROR, event.message, fatal=fatal)
-                    elif type(event) is Done:
-                        self._after_done = events
+                async for raw in body:
+                    for data in decoder.feed(raw):
+                        event = parse(data)
+                        if type(event) is Chunk:
+                            if not received:
+                                received = True
+                                first_event.reschedule(None)
+                                guard = self._throughput_guard(clock())
+                            slow = guard is not None and guard.add(
+                                adapter.delta_chars(event), clock()
+                            )
+                            out = splicer.feed(event)
+                            if out is not None:
+                                if self._awaiting_content and accumulator.text_chars:
+                                    self._first_token()
+                                wait = emit(out)
+                                if wait is not None:
+                                    await wait
+                            if slow and not splicer.finished:
+                                raise self._interrupted(Cause.SLOW)
+                        elif type(event) is Malformed:
+                            self._metrics.malformed_events.labels(self.leg.upstream.name).inc()
+                        elif type(event) is InBandError:
+                            fatal = not is_transient_error(event.error)
+                            raise self._interrupted(Cause.IN_BAND_ERROR, event.message, fatal=fatal)
+                        elif type(event) is Done:
+                            self._after_done = body  # read to its end before closing
+                            break
+                    if self._after_done is not None:
                         break
         except TimeoutError:
             raise self._interrupted(Cause.FIRST_BYTE_TIMEOUT) from None
@@ -515,6 +536,11 @@ class Run:
             raise self._interrupted(classify_transport_error(exc)) from None
         if not splicer.finished:
             raise self._interrupted(Cause.TRUNCATED)
+
+    def _first_token(self) -> None:
+        self._awaiting_content = False
+        self.first_token_at = time.perf_counter()
+        self._metrics.ttft.labels(self.route.name).observe(self.first_token_at - self._started)
 
     def _throughput_guard(self, start: float) -> ThroughputGuard | None:
         """The slow-stream check of a leg whose first event came at ``start``: the route's
@@ -536,3 +562,9 @@ class Run:
         if chars:
             message += f" (after {chars} characters of the answer)"
         return StreamInterrupted(message + "; the answer is incomplete.", cause, fatal=fatal)
+
+
+async def _emitted(emit: Emit, data: bytes) -> None:
+    wait = emit(data)
+    if wait is not None:
+        await wait

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.inbound import credential
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
-from gateway.observe import request_log
+from gateway.observe import ObservedSend, request_log
 from gateway.resume import Forwarding
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -69,8 +69,14 @@ class RunStream(Response):
         body = self.body_iterator
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in body:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if type(send) is ObservedSend:  # each chunk noted here, sent with one call less
+                raw, sent = send.raw, send.sent
+                async for chunk in body:
+                    sent(len(chunk))
+                    await raw({"type": "http.response.body", "body": chunk, "more_body": True})
+            else:
+                async for chunk in body:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone.done() or gone.cancelled() or sender.uncancel() > 0:

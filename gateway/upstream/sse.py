@@ -113,10 +113,8 @@ class SSEDecoder:
         )
 
 
-async def aiter_data(
-    response: httpx.Response, max_event_bytes: int = MAX_EVENT_BYTES
-) -> AsyncIterator[bytes]:
-    """Yield the ``data`` of each event; events without data (pings) are skipped."""
+def event_stream(response: httpx.Response) -> httpx.AsyncByteStream:
+    """The body of a streaming answer, after checking that it is an event stream."""
     content_type = response.headers.get("content-type", "").partition(";")[0].strip()
     if "text/event-stream" not in content_type.lower():
         raise UpstreamFailure(
@@ -126,7 +124,14 @@ async def aiter_data(
         )
     body = response.stream
     assert isinstance(body, httpx.AsyncByteStream)
+    return body
+
+
+async def aiter_data(
+    response: httpx.Response, max_event_bytes: int = MAX_EVENT_BYTES
+) -> AsyncIterator[bytes]:
+    """Yield the ``data`` of each event; events without data (pings) are skipped."""
     decoder = SSEDecoder(max_event_bytes)
-    async for chunk in body:
+    async for chunk in event_stream(response):
         for data in decoder.feed(chunk):
             yield data
