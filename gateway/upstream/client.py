@@ -28,6 +28,7 @@ from gateway.upstream.headers import (
 from gateway.upstream.reach import reach_of, transports_for
 from gateway.upstream.routes import ResolvedLeg
 from gateway.upstream.target import upstream_url
+from gateway.upstream.transport import Http1Transport, Target
 
 # Continuation modes whose request ends with an assistant message for the model to go on.
 PREFILL_MODES = frozenset({"prefill", "vllm", "prefix", "prefix_echo"})
@@ -105,7 +106,8 @@ class UpstreamClient:
         self._anthropic_versions = {
             u.name: u.anthropic_version for u in upstreams if u.kind == "anthropic"
         }
-        self._stream_urls: dict[tuple[str, str], httpx.URL] = {}  # (upstream, path): URL
+        # (upstream, path): its URL, and the builtin engine's target for a POST to it.
+        self._stream_targets: dict[tuple[str, str], tuple[httpx.URL, Target | None]] = {}
         self.max_event_bytes = limits.max_event_bytes  # one SSE line or event (sse.py)
         # Set on a view by ``for_client``: what goes upstream from its client, and what
         # comes back to it from the first response that answered (the app's client keeps
@@ -132,21 +134,29 @@ class UpstreamClient:
         self,
         upstream: str,
         method: str,
-        url: httpx.URL | str,
+        url: httpx.URL,
         headers: Mapping[str, str],
         content: bytes,
         timeouts: httpx.Timeout,
         first_byte: float,
+        target: Target | None = None,
     ) -> httpx.Response:
-        request = httpx.Request(
-            method,
-            url,
-            headers=headers,
-            content=content,
-            extensions={"timeout": timeouts.as_dict()},
-        )
+        """One request, until its response's headers. ``target``: the builtin engine's
+        for ``method`` and ``url``, when the caller kept one (``_stream_target``)."""
+        transport = self._transports[upstream]
         async with asyncio.timeout(first_byte):
-            response = await self._transports[upstream].handle_async_request(request)
+            if type(transport) is Http1Transport:
+                target = target or transport.target(method, url)
+                response = await transport.request(target, headers, content, timeouts.as_dict())
+            else:
+                request = httpx.Request(
+                    method,
+                    url,
+                    headers=headers,
+                    content=content,
+                    extensions={"timeout": timeouts.as_dict()},
+                )
+                response = await transport.handle_async_request(request)
         if response.status_code == 407 and upstream in self._forwarded:
             # The proxy refused a plain-http request (a tunnel's refusal is raised by
             # httpx): the upstream was never reached, as with any connect error.
@@ -254,15 +264,17 @@ class UpstreamClient:
         headers["accept"] = "text/event-stream"
         # Compression would make proxies and the decoder buffer small SSE frames.
         headers["accept-encoding"] = "identity"
+        url, target = self._stream_target(upstream.name, path)
         with map_open_errors(leg):
             response = await self._send(
                 upstream.name,
                 "POST",
-                self._stream_url(upstream.name, path),
+                url,
                 headers,
                 body,
                 self.timeout(leg, idle_timeout),
                 leg.timeouts.first_byte,
+                target,
             )
             if response.status_code >= 400:
                 status, headers_out, content = await self.read_error(response)
@@ -271,11 +283,16 @@ class UpstreamClient:
             self.answer_metadata = answer_metadata(response.headers.multi_items())
         return response
 
-    def _stream_url(self, upstream: str, path: str) -> httpx.URL:
-        url = self._stream_urls.get((upstream, path))
-        if url is None:
-            url = self._stream_urls[upstream, path] = upstream_url(self._roots[upstream], path)
-        return url
+    def _stream_target(self, upstream: str, path: str) -> tuple[httpx.URL, Target | None]:
+        """The URL of an API path on ``upstream``, and the builtin engine's target for a
+        POST to it: both worked out once."""
+        known = self._stream_targets.get((upstream, path))
+        if known is None:
+            url = upstream_url(self._roots[upstream], path)
+            transport = self._transports[upstream]
+            target = transport.target("POST", url) if type(transport) is Http1Transport else None
+            known = self._stream_targets[upstream, path] = (url, target)
+        return known
 
     async def forward(
         self,

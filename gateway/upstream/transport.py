@@ -31,7 +31,8 @@ import contextlib
 import contextvars
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import cast
 
 import httptools
@@ -72,26 +73,72 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._open: set[_Connection] = set()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts = request.extensions.get("timeout", {})
         url = request.url
+        origin = self._origin(url)
+        # Through a proxy, an http origin is asked in absolute form, with the credentials.
+        forwarded = self._proxy is not None and url.raw_scheme == b"http"
+        head = _head(request, self._proxy_auth if forwarded else None, absolute=forwarded)
+        body = await request.aread()
+        return await self._send(
+            origin, request.method, head + body, request.extensions.get("timeout", {})
+        )
+
+    def target(self, method: str, url: httpx.URL) -> Target:
+        """What ``request`` needs of ``method`` and ``url``, worked out once (the gateway
+        keeps one per upstream and path): the origin, the request line and ``Host``."""
+        origin = self._origin(url)
+        forwarded = self._proxy is not None and url.raw_scheme == b"http"
+        start = [_request_line(method.encode("ascii"), url, absolute=forwarded)]
+        if forwarded and self._proxy_auth is not None:
+            start.append(b"Proxy-Authorization: %s\r\n" % self._proxy_auth)
+        return Target(origin, method, b"".join(start), b"Host: %s\r\n" % url.netloc)
+
+    async def request(
+        self,
+        target: Target,
+        headers: Mapping[str, str],
+        content: bytes,
+        timeouts: Mapping[str, float | None],
+    ) -> httpx.Response:
+        """``handle_async_request`` without an ``httpx.Request``: the head goes from
+        ``target`` and ``headers`` straight to bytes (building the request and its
+        ``Headers`` cost a request start more than the rest of the engine)."""
+        lines = [target.start]
+        if "host" not in headers:  # else configured for the upstream (a virtual host)
+            lines.append(target.host)
+        for name, value in headers.items():
+            raw = value.encode("latin-1")  # what a header can carry (a client's, unchanged)
+            if b"\r" in raw or b"\n" in raw or b"\0" in raw:  # would end the line: smuggling
+                raise httpx.LocalProtocolError(f"Illegal character in header {name!r}.")
+            lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), raw))
+        lines.append(b"Content-Length: %d\r\n\r\n" % len(content))
+        lines.append(content)
+        return await self._send(target.origin, target.method, b"".join(lines), timeouts)
+
+    def _origin(self, url: httpx.URL) -> Origin:
         scheme = url.raw_scheme
         if scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"Unsupported URL scheme {url.scheme!r}.")
-        origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
-        # Through a proxy, an http origin is asked in absolute form, with the credentials.
-        forwarded = self._proxy is not None and scheme == b"http"
-        head = _head(request, self._proxy_auth if forwarded else None, absolute=forwarded)
-        body = await request.aread()
-        try:
-            async with asyncio.timeout(timeouts.get("pool")):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise httpx.PoolTimeout("No upstream connection slot became free in time.") from None
+        return (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
+
+    async def _send(
+        self, origin: Origin, method: str, data: bytes, timeouts: Mapping[str, float | None]
+    ) -> httpx.Response:
+        if self._slots.locked():  # a wait, with its own deadline, only when there is one
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise httpx.PoolTimeout(
+                    "No upstream connection slot became free in time."
+                ) from None
+        else:
+            await self._slots.acquire()
         try:
             connection = self._checkout(origin) or await self._connect(
                 origin, timeouts.get("connect")
             )
-            return await connection.send(request, head + body, timeouts.get("read"))
+            return await connection.send(method, data, timeouts.get("read"))
         except BaseException:
             self._slots.release()
             raise
@@ -179,14 +226,28 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
-def _head(
-    request: httpx.Request, proxy_authorization: bytes | None = None, *, absolute: bool = False
-) -> bytes:
-    url = request.url
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A method and URL, for ``Http1Transport.request``: the connection's origin, and
+    the head's first lines (request line, a proxy's credentials) and ``Host``."""
+
+    origin: Origin
+    method: str
+    start: bytes
+    host: bytes
+
+
+def _request_line(method: bytes, url: httpx.URL, *, absolute: bool) -> bytes:
     target = url.raw_path
     if absolute:  # to a forward proxy: the whole URL
         target = b"%s://%s%s" % (url.raw_scheme, url.netloc, url.raw_path)
-    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), target)]
+    return b"%s %s HTTP/1.1\r\n" % (method, target)
+
+
+def _head(
+    request: httpx.Request, proxy_authorization: bytes | None = None, *, absolute: bool = False
+) -> bytes:
+    lines = [_request_line(request.method.encode("ascii"), request.url, absolute=absolute)]
     if proxy_authorization is not None:
         lines.append(b"Proxy-Authorization: %s\r\n" % proxy_authorization)
     for name, value in request.headers.raw:
@@ -259,12 +320,10 @@ class _Connection(asyncio.Protocol):
 
     # -- the request ------------------------------------------------------------------
 
-    async def send(
-        self, request: httpx.Request, data: bytes, read_timeout: float | None
-    ) -> httpx.Response:
+    async def send(self, method: str, data: bytes, read_timeout: float | None) -> httpx.Response:
         assert self._transport is not None
         self._head = self._loop.create_future()
-        self._no_body = request.method == "HEAD"
+        self._no_body = method == "HEAD"
         self._reason, self._headers, self._chunks = b"", [], []
         self._buffered, self._framed, self._complete, self._keep_alive = 0, False, False, False
         self._error = None
@@ -281,7 +340,6 @@ class _Connection(asyncio.Protocol):
             self._status,
             headers=self._headers,
             stream=_Body(self),
-            request=request,
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": self._reason},
         )
 
