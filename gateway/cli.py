@@ -61,6 +61,15 @@ def open_proxy_warning(config: GatewayConfig, host: str) -> str | None:
     )
 
 
+def default_workers(config: GatewayConfig) -> int:
+    """One worker per usable CPU when runs live in Redis, where any worker can resume
+    any run; else one: a run checkpointed in one process's memory is found only there
+    (a resume that reached another worker would get 404)."""
+    if config.state.backend != "redis":
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.serve import serve
 
@@ -78,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config_path=args.config,
         host=host,
         port=args.port,
-        workers=args.workers,
+        workers=args.workers or default_workers(config),
         log_level=args.log_level,
         log_format=args.log_format,
     )
@@ -122,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", metavar="FILE", default=os.environ.get(CONFIG_ENV))
     serve.add_argument("--host", help="listen address (default: listen.host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default: listen.port, 8080)")
-    serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes (default: one per CPU this process may use with Redis "
+        "state, else 1)",
+    )
     serve.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],

@@ -17,7 +17,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.cli import open_proxy_warning
+from gateway.cli import default_workers, open_proxy_warning
 from gateway.config import GatewayConfig, parse_config
 from tests.servers import free_port
 
@@ -65,6 +65,16 @@ def test_serve_with_embedded_defaults_streams_to_the_openai_sdk(
         )
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == expected_answer(model).text
+
+
+def test_workers_default_to_the_usable_cpus_only_with_redis_state() -> None:
+    upstreams = {"upstreams": [{"name": "u", "base_url": "http://127.0.0.1:9/v1"}]}
+    with_redis = parse_config({**upstreams, "state": {"redis_url": "redis://127.0.0.1:6379/0"}})
+    in_memory = parse_config({**upstreams, "state": {"store": "memory"}})
+    checkpoints_off = parse_config({**upstreams, "state": {"store": "off"}})
+    assert default_workers(with_redis) == len(os.sched_getaffinity(0))
+    # A run in one process's memory is resumable only there: one worker.
+    assert default_workers(in_memory) == default_workers(checkpoints_off) == 1
 
 
 def test_chaos_upstream_command_serves_the_chaos_api() -> None:
