@@ -61,6 +61,7 @@ from gateway.recovery.throughput import ThroughputGuard
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import SSEDecoder, event_stream
+from gateway.upstream.transport import whole
 
 logger = logging.getLogger("gateway.run")
 
@@ -330,7 +331,7 @@ class Run:
             response, self._response = self._response, None
             rest, self._after_done = self._after_done, None
             try:
-                if rest is not None:
+                if rest is not None and not whole(response):
                     await _drain(rest)
             finally:
                 # Even when cancelled (a run stopped mid-drain): Http1Transport closes a

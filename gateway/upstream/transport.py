@@ -363,6 +363,17 @@ class _Connection(asyncio.Protocol):
                 finally:
                     self._waiter = None
 
+    @property
+    def complete(self) -> bool:
+        return self._complete
+
+    def discard(self) -> None:
+        """Drop what arrived and was not read (the connection stays reusable)."""
+        self._chunks, self._buffered = [], 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+
     def release(self) -> None:
         """The response was closed: give the connection back if its response was whole."""
         if self._timer is not None:
@@ -499,6 +510,19 @@ class _Connection(asyncio.Protocol):
             return
         self._fail(httpx.ReadTimeout("The upstream sent nothing within the read timeout."))
         self.close()
+
+
+def whole(response: httpx.Response) -> bool:
+    """Whether the whole of ``response``'s body has arrived (this engine's responses
+    only): what is left of it can be let go without reading, nor waiting."""
+    body = response.stream
+    if type(body) is not _Body or body._connection is None:
+        return False
+    connection = body._connection
+    if connection.closed or not connection.complete:
+        return False
+    connection.discard()
+    return True
 
 
 class _Body(httpx.AsyncByteStream):
