@@ -116,6 +116,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny workloads")
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    parser.add_argument(
+        "--workers", type=int, help="worker processes per gateway (default: serve's default)"
+    )
     parser.add_argument("--streams", help="concurrency levels, e.g. 1,32,128,256,512")
     parser.add_argument("--rounds", type=int, help="counted rounds per level and target")
     parser.add_argument("--ttft-requests", type=int, help="one-stream requests per target")
@@ -303,6 +306,32 @@ def targets_met(results: dict[str, Any]) -> list[dict[str, Any]]:
     check("Added gap p99, 256 streams", "≤ 5 ms", at.get("added_gap_p99"), 5.0, " ms")
     check("Streams with a gap > 40 ms, 256 streams", "≤ 0", at.get("stalled"), 0)
     check("Errors, 256 streams", "≤ 0", at.get("errors"), 0)
+    direct_ttft = levels.get("direct", {}).get("256", {}).get("ttft_p99")
+    check(
+        "TTFT p99 vs direct's, 256 streams",
+        "≤ 2×",
+        at.get("ttft_p99") / direct_ttft if at.get("ttft_p99") and direct_ttft else None,
+        2.0,
+        "×",
+    )
+    for name in (ours, "redis"):
+        big = levels.get(name, {}).get("512", {})
+        label = "default" if name == ours else "Redis"
+        check(
+            f"Frames/s vs direct, 512 streams ({label})", "≥ 0.97×", big.get("vs_direct"), 0.97, "×"
+        )
+        check(f"Streams with a gap > 40 ms, 512 streams ({label})", "≤ 0", big.get("stalled"), 0)
+        check(f"Errors, 512 streams ({label})", "≤ 0", big.get("errors"), 0)
+        pct = big.get("cpu_pct", {})
+        harness = pct.get("upstream", 0) + pct.get("client", 0) + pct.get("redis", 0)
+        proxy = pct.get("proxy")
+        check(
+            f"Harness CPU vs the gateway's, 512 streams ({label})",
+            "≤ 1×",
+            harness / proxy if proxy else None,
+            1.0,
+            "×",
+        )
     off, redis = levels.get("off", {}).get("256", {}), levels.get("redis", {}).get("256", {})
     ratio = (
         redis["frames_per_s"] / off["frames_per_s"]
@@ -456,6 +485,8 @@ def main() -> int:
                 GATEWAY_CONFIG.format(bench=ports["bench"], chaos=ports["chaos"], state=state)
             )
             argv = [str(BIN), "serve", "--config", str(config), "--port", str(ports[name])]
+            if args.workers:
+                argv += ["--workers", str(args.workers)]
             proxies[name] = start(name, [*argv, "--log-level", "warning"], proxy_cpu)
         if litellm_exe is not None:
             config = logs / "litellm.yaml"
@@ -516,6 +547,7 @@ def main() -> int:
             if pin
             else "none"
         ),
+        "workers": args.workers or "serve's default (1 per CPU it may use with Redis, else 1)",
         "litellm": None if args.no_litellm else litellm.VERSION,
         "plan": p,
         "runtime_s": time.monotonic() - started,

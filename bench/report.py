@@ -184,6 +184,7 @@ def _header(results: Results) -> list[str]:
         ("Machine", str(meta.get("machine") or DASH)),
         ("Commit", f"`{meta['commit']}`" if meta.get("commit") else DASH),
         ("Pinning", str(meta.get("pinning") or DASH)),
+        ("Gateway workers", str(meta.get("workers") or DASH)),
         ("LiteLLM", str(meta.get("litellm") or "not installed")),
         ("Runtime", DASH if runtime is None else f"{runtime:.0f} s ({runtime / 60:.1f} min)"),
     ]

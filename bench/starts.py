@@ -229,8 +229,11 @@ def main() -> int:
                 f"{row['ttft_p99_ms']:.1f} | {row['errors']} |"
             )
         ours, theirs = results["this tree"], results[label]
-        ratio = ours["cpu_us_per_request"] / theirs["cpu_us_per_request"]
-        print(f"\nCPU per request start: {ratio:.2f}x {label}'s")
+        if theirs["cpu_us_per_request"]:
+            ratio = ours["cpu_us_per_request"] / theirs["cpu_us_per_request"]
+            print(f"\nCPU per request start: {ratio:.2f}x {label}'s")
+        else:  # /proc counts CPU in 10 ms ticks: a tiny run may read none
+            print("\nCPU per request start: too few requests to measure")
         if args.profile:
             profiles = {name: tmp / f"{i}.prof" for i, name in enumerate(trees)}
             measure(trees, args, tmp, profiles)

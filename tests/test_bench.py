@@ -197,3 +197,28 @@ def test_quick_engines_benchmark_streams_every_frame_through_every_engine(
     assert markdown.startswith("## Upstream HTTP engines") and "smoke" in markdown.lower()
     assert "| 4 | aiohttp |" in markdown
     assert run.stdout.startswith("## Upstream HTTP engines")
+
+
+def test_request_start_benchmark_compares_two_trees_and_profiles_both() -> None:
+    # bench.starts against HEAD: the same code twice, from this tree and a worktree.
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.starts", "--against", "HEAD"]
+        + ["--streams", "16", "--rounds", "2", "--profile", "--top", "40"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith(("| this", "| at HEAD"))]
+    assert len(rows) == 2, run.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[1] == "32" and cells[-1] == "0", row  # 32 requests, no errors
+        assert float(cells[2]) >= 0, row  # CPU µs per request (10 ms ticks: may read 0)
+    assert "CPU per request start:" in run.stdout
+    profiles = run.stdout.split("Profile, ")[1:]
+    assert [p.split(" ", 1)[0] for p in profiles] == ["this", "at"]
+    for profile in profiles:
+        assert "(chat_completions)" in profile and "(_produce)" in profile, profile
