@@ -59,6 +59,7 @@ from bench.procs import (
     spawned,
     tree,
     wait_ready,
+    worktree,
 )
 from bench.workloads import Roles, Target
 
@@ -118,6 +119,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     parser.add_argument(
         "--workers", type=int, help="worker processes per gateway (default: serve's default)"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run the default gateway at commit REV (a git worktree), side by side",
     )
     parser.add_argument("--streams", help="concurrency levels, e.g. 1,32,128,256,512")
     parser.add_argument("--rounds", type=int, help="counted rounds per level and target")
@@ -393,6 +399,28 @@ def targets_met(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def against_notes(results: dict[str, Any], rev: str) -> list[str]:
+    """The default gateway next to the same config at ``rev``, measured in the same run."""
+    ours, theirs = results["ttft"].get("memory", {}), results["ttft"].get("baseline", {})
+    notes = [
+        f"Against {rev} (same config, same run): added TTFT p50 "
+        f"{ours.get('added_p50', 0):+.2f} ms vs {theirs.get('added_p50', 0):+.2f} ms, "
+        f"p99 {ours.get('added_p99', 0):+.2f} vs {theirs.get('added_p99', 0):+.2f} ms."
+    ]
+    for n, row in results["concurrency"].get("memory", {}).items():
+        base = results["concurrency"].get("baseline", {}).get(n)
+        if not base or int(n) < 128:
+            continue
+        cpu = row["cpu_s_per_1000_chunks"] / base["cpu_s_per_1000_chunks"]
+        notes.append(
+            f"Against {rev}, {n} streams: CPU per delta {cpu:.2f}×; frames/s "
+            f"{row['vs_direct']:.3f}× direct vs {base['vs_direct']:.3f}×; TTFT p99 "
+            f"{row['ttft_p99']:.1f} vs {base['ttft_p99']:.1f} ms; streams with a gap > 40 ms "
+            f"{row['stalled']} vs {base['stalled']} of {row['total_streams']}."
+        )
+    return notes
+
+
 def headroom_notes(results: dict[str, Any]) -> list[str]:
     """How busy the harness was: a saturated client or upstream would cap every target."""
     notes, worst = [], (0.0, "", "")
@@ -442,7 +470,10 @@ def main() -> int:
     harness_cpu, proxy_cpu = ("0", "1") if pin else (None, None)
     if pin:
         os.sched_setaffinity(0, {0})
-    names = ["direct", *GATEWAYS] + ([] if args.no_litellm else ["litellm"])
+    names = ["direct", *GATEWAYS] + (["baseline"] if args.against else [])
+    names += [] if args.no_litellm else ["litellm"]
+    if args.against:
+        LABELS["baseline"] = f"gateway at {args.against}, in-memory checkpoints (default)"
     litellm_exe = None if args.no_litellm else litellm.ensure(args.litellm_venv)
 
     started = time.monotonic()
@@ -450,6 +481,7 @@ def main() -> int:
     ports = dict(zip(roles_, free_ports(len(roles_)), strict=True))
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         logs = Path(tmp)
+        baseline = stack.enter_context(worktree(args.against)) if args.against else None
 
         def start(
             name: str, argv: list[str], cpus: str | None, env: dict[str, str] | None = None
@@ -488,6 +520,14 @@ def main() -> int:
             if args.workers:
                 argv += ["--workers", str(args.workers)]
             proxies[name] = start(name, [*argv, "--log-level", "warning"], proxy_cpu)
+        if baseline is not None:
+            # The same config as ``memory``, the code from the worktree (-P: not this tree's).
+            argv = [py, "-P", "-m", "gateway", "serve", "--config", str(logs / "memory.yaml")]
+            argv += ["--port", str(ports["baseline"]), "--log-level", "warning"]
+            if args.workers:
+                argv += ["--workers", str(args.workers)]
+            env = os.environ | {"PYTHONPATH": str(baseline)}
+            proxies["baseline"] = start("baseline", argv, proxy_cpu, env)
         if litellm_exe is not None:
             config = logs / "litellm.yaml"
             config.write_text(
@@ -534,6 +574,7 @@ def main() -> int:
     results["configs"] = names
     results["labels"] = {name: LABELS[name] for name in names}
     results["targets"] = targets_met(results)
+    against = against_notes(results, args.against) if args.against else []
     now = datetime.datetime.now(datetime.UTC)
     command = "python -m bench " + shlex.join(sys.argv[1:])
     results["meta"] = {
@@ -552,7 +593,7 @@ def main() -> int:
         "plan": p,
         "runtime_s": time.monotonic() - started,
         "startup_s": ready - started,
-        "notes": headroom_notes(results),
+        "notes": headroom_notes(results) + against,
     }
     out = args.out or ROOT / "bench" / "results" / ("quick" if args.quick else "")
     paths = report.write(results, out)

@@ -8,6 +8,7 @@ import platform
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import orjson
 
+ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -177,3 +179,23 @@ def write_report(out: Path, name: str, report: dict[str, Any], text: str, logs: 
 def commit() -> str:
     git = ["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"]
     return subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip() or "?"
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """``rev`` checked out into a temporary git worktree of this repository, removed after."""
+    with tempfile.TemporaryDirectory(prefix="bench-starts-") as tmp:
+        path = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield path
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+                check=False,
+                capture_output=True,
+            )

@@ -30,18 +30,16 @@ import os
 import pstats
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
 from bench import workloads
-from bench.procs import cpu_seconds, free_ports, http_ok, pinned, spawned, wait_ready
+from bench.procs import cpu_seconds, free_ports, http_ok, pinned, spawned, wait_ready, worktree
 from bench.workloads import Target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,25 +78,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also profile both")
     parser.add_argument("--top", type=int, default=25, help="profile rows per gateway")
     return parser.parse_args()
-
-
-@contextlib.contextmanager
-def worktree(rev: str) -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="bench-starts-") as tmp:
-        path = Path(tmp) / "tree"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            yield path
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
-                check=False,
-                capture_output=True,
-            )
 
 
 async def bursts(targets: list[Target], streams: int, rounds: int) -> dict[str, dict[str, Any]]:
