@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import FrameType
 from typing import Any
@@ -123,7 +123,7 @@ class GatewayApp(Starlette):
     """
 
     def __init__(
-        self, *, direct: dict[str, Endpoint], metrics: Metrics, content: bool, **kwargs: Any
+        self, *, direct: Mapping[str, Endpoint], metrics: Metrics, content: bool, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
         self._direct = direct
