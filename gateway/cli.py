@@ -6,9 +6,11 @@ import argparse
 import ipaddress
 import logging
 import logging.config
+import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gateway.app import CONFIG_ENV
 from gateway.config import ConfigError, GatewayConfig, default_config, describe, load_config
@@ -62,12 +64,33 @@ def open_proxy_warning(config: GatewayConfig, host: str) -> str | None:
 
 
 def default_workers(config: GatewayConfig) -> int:
-    """One worker per usable CPU when runs live in Redis, where any worker can resume
-    any run; else one: a run checkpointed in one process's memory is found only there
-    (a resume that reached another worker would get 404)."""
+    """One worker per CPU this process may use when runs live in Redis, where any
+    worker can resume any run; else one: a run checkpointed in one process's memory is
+    found only there (a resume that reached another worker would get 404).
+
+    The CPUs it may use: its affinity (``taskset``, cpusets), and no more than a
+    cgroup's CPU quota rounded up (a container's ``--cpus``, a pod's CPU limit)."""
     if config.state.backend != "redis":
         return 1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    usable = usable or os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(usable, math.ceil(quota))) if quota is not None else usable
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU quota of this process's cgroup, in CPUs; None where there is none."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # cgroup v2
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -113,9 +113,11 @@ class Replicas:
             port = free_port()
             log = self.directory / f"gateway-{name}.log"
             with log.open("wb") as stderr:
+                # One process per replica (SIGKILL must take the whole replica), whatever
+                # the workers default; ``args`` may still ask for more (the last one wins).
                 process = subprocess.Popen(
                     [str(BIN), "serve", "--config", str(self.config), "--port", str(port)]
-                    + list(args),
+                    + ["--workers", "1", *args],
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
                     env=None if env is None else {**os.environ, **env},

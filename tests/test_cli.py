@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.cli import default_workers, open_proxy_warning
+from gateway.cli import cgroup_cpu_quota, default_workers, open_proxy_warning
 from gateway.config import GatewayConfig, parse_config
 from tests.servers import free_port
 
@@ -72,9 +73,31 @@ def test_workers_default_to_the_usable_cpus_only_with_redis_state() -> None:
     with_redis = parse_config({**upstreams, "state": {"redis_url": "redis://127.0.0.1:6379/0"}})
     in_memory = parse_config({**upstreams, "state": {"store": "memory"}})
     checkpoints_off = parse_config({**upstreams, "state": {"store": "off"}})
-    assert default_workers(with_redis) == len(os.sched_getaffinity(0))
+    quota = cgroup_cpu_quota()
+    usable = len(os.sched_getaffinity(0))
+    expected = usable if quota is None else max(1, min(usable, math.ceil(quota)))
+    assert default_workers(with_redis) == expected
     # A run in one process's memory is resumable only there: one worker.
     assert default_workers(in_memory) == default_workers(checkpoints_off) == 1
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [
+        ({"cpu.max": "150000 100000\n"}, 1.5),  # cgroup v2, --cpus 1.5
+        ({"cpu.max": "max 100000\n"}, None),  # v2, no limit
+        ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.0),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),  # no cgroup CPU controller at all
+    ],
+)
+def test_the_cgroup_cpu_quota_is_read_as_docker_and_kubernetes_set_it(
+    tmp_path: Path, files: dict[str, str], quota: float | None
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_quota(tmp_path) == quota
 
 
 def test_chaos_upstream_command_serves_the_chaos_api() -> None:
