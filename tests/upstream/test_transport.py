@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.upstream.transport import Http1Transport
+from gateway.upstream.transport import Http1Transport, whole
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -241,6 +241,84 @@ def test_a_header_value_cannot_end_its_line() -> None:
             with pytest.raises(httpx.LocalProtocolError):
                 await request(pool, server.port, headers={"x-a": "1\r\nx-injected: 1"})
             assert server.accepted == 0
+            await pool.aclose()
+
+    run(scenario())
+
+
+TIMEOUTS: dict[str, float | None] = {"connect": 5.0, "read": 5.0, "write": 5.0, "pool": 5.0}
+
+
+def test_a_request_from_a_target_writes_the_head_an_httpx_request_would() -> None:
+    # The gateway's own path (no httpx.Request): request line and Host from the target,
+    # then the headers as given, then Content-Length and the body.
+    async def scenario() -> None:
+        async with Server(hello) as server:
+            pool = transport()
+            url = httpx.URL(f"http://127.0.0.1:{server.port}/v1/chat/completions?x=1")
+            target = pool.target("POST", url)
+            for headers in (
+                {"authorization": "Bearer k", "x-é": "café"},
+                {"host": "vhost.example"},
+            ):
+                response = await pool.request(target, headers, b'{"a": 1}', TIMEOUTS)
+                assert await response.aread() == b"hello"
+                await response.aclose()
+            assert server.accepted == 1
+            plain, virtual = server.requests
+            assert plain == (
+                b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n"
+                + f"Host: 127.0.0.1:{server.port}\r\n".encode()
+                + b"authorization: Bearer k\r\nx-\xe9: caf\xe9\r\n"
+                + b'Content-Length: 8\r\n\r\n{"a": 1}'
+            )
+            # A configured Host (a virtual host) replaces the URL's: one Host line.
+            assert virtual.lower().count(b"\r\nhost:") == 1
+            assert b"\r\nhost: vhost.example\r\n" in virtual
+            await pool.aclose()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("value", ["1\r\nx-injected: 1", "1\nx-injected: 1", "1\r", "1\0"])
+def test_a_header_value_from_a_target_request_cannot_end_its_line(value: str) -> None:
+    async def scenario() -> None:
+        async with Server(hello) as server:
+            pool = transport()
+            target = pool.target("POST", httpx.URL(f"http://127.0.0.1:{server.port}/v1/x"))
+            with pytest.raises(httpx.LocalProtocolError):
+                await pool.request(target, {"x-a": value}, b"{}", TIMEOUTS)
+            assert server.accepted == 0
+            await pool.aclose()
+
+    run(scenario())
+
+
+def test_a_whole_body_is_let_go_unread_and_its_connection_reused() -> None:
+    async def partly_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(CHUNKED + b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        return True
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(CHUNKED + b"5\r\nhello\r\n")  # the rest never comes
+        return True
+
+    async def scenario() -> None:
+        async with Server(partly_read) as server:
+            pool = transport()
+            for _ in range(2):
+                response = await request(pool, server.port)
+                await asyncio.sleep(0.05)  # all of it arrived, none of it read
+                assert whole(response)
+                await response.aclose()
+            assert server.accepted == 1  # reusable: what was left unread was let go
+            await pool.aclose()
+        async with Server(slow) as server:
+            pool = transport()
+            response = await request(pool, server.port)
+            await asyncio.sleep(0.05)
+            assert not whole(response)  # still arriving: it has to be read (or waited for)
+            await response.aclose()
             await pool.aclose()
 
     run(scenario())
