@@ -44,3 +44,28 @@ def test_a_bad_route_timeout_names_its_key() -> None:
         router({"match": "*", "upstream": "a", "timeouts": {"idle": 0}})
     with pytest.raises(ConfigError, match=r"routes\.0\.timeouts\.stall: Extra inputs"):
         router({"match": "*", "upstream": "a", "timeouts": {"stall": 1}})
+
+
+def test_remembered_routes_are_the_ones_resolving_gives_and_stay_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    routes = router(
+        {"match": "gpt-*", "upstream": "a", "fallbacks": [{"upstream": "b"}]},
+        {"match": "*", "upstream": "b"},
+    )
+    fresh = router(
+        {"match": "gpt-*", "upstream": "a", "fallbacks": [{"upstream": "b"}]},
+        {"match": "*", "upstream": "b"},
+    )
+    for model in ("gpt-4o", "other", "gpt-4o", "other"):
+        assert routes.resolve(model, "chat") == fresh._find(model, "chat")
+    assert routes.resolve("gpt-4o", "chat") is routes.resolve("gpt-4o", "chat")
+    # A client naming endless models cannot grow it past its bound...
+    monkeypatch.setattr("gateway.upstream.routes.RESOLVED_MEMO", 8)
+    for i in range(50):
+        assert routes.resolve(f"gpt-{i}", "chat").legs[0].model == f"gpt-{i}"
+        assert len(routes._resolved) <= 8
+    # ...nor keep a huge name: resolved, not remembered.
+    huge = "gpt-" + "x" * 10_000
+    assert routes.resolve(huge, "chat").legs[0].model == huge
+    assert all(model != huge for model, _ in routes._resolved)
