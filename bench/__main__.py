@@ -472,8 +472,7 @@ def main() -> int:
         os.sched_setaffinity(0, {0})
     names = ["direct", *GATEWAYS] + (["baseline"] if args.against else [])
     names += [] if args.no_litellm else ["litellm"]
-    if args.against:
-        LABELS["baseline"] = f"gateway at {args.against}, in-memory checkpoints (default)"
+    labels = LABELS | {"baseline": f"gateway at {args.against}, in-memory checkpoints (default)"}
     litellm_exe = None if args.no_litellm else litellm.ensure(args.litellm_venv)
 
     started = time.monotonic()
@@ -572,7 +571,7 @@ def main() -> int:
         results = uvloop.run(measure(targets, Target("chaos", ports["chaos"]), roles, p))
 
     results["configs"] = names
-    results["labels"] = {name: LABELS[name] for name in names}
+    results["labels"] = {name: labels[name] for name in names}
     results["targets"] = targets_met(results)
     against = against_notes(results, args.against) if args.against else []
     now = datetime.datetime.now(datetime.UTC)

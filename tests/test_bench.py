@@ -24,20 +24,27 @@ from bench.workloads import MESSAGES, PATHS, body, continuation
 from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ["direct", "off", "memory", "redis", "redis-async", "litellm"]
+CONFIGS = ["direct", "off", "memory", "redis", "redis-async", "baseline", "litellm"]
+
+
+def bench_module(module: str, *args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository root; it must exit 0."""
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
 
 
 @pytest.mark.timeout(900)  # installs LiteLLM into bench/.venv-litellm the first time
 def test_quick_benchmark_runs_every_workload_against_every_target(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=880,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # --against HEAD: the default gateway once more, from a worktree, side by side.
+    run = bench_module("bench", "--quick", "--against", "HEAD", "--out", str(tmp_path), timeout=880)
     results = orjson.loads((tmp_path / "results.json").read_bytes())
     assert results["configs"] == CONFIGS
     assert results["meta"]["quick"] is True
@@ -97,6 +104,8 @@ def test_quick_benchmark_runs_every_workload_against_every_target(tmp_path: Path
     assert "litellm" not in messages["ttft"]
 
     markdown = (tmp_path / "results.md").read_text()
+    assert results["labels"]["baseline"].startswith("gateway at HEAD")
+    assert "- Against HEAD (same config, same run): added TTFT p50" in markdown
     assert "### Responses API, side by side with chat" in markdown
     assert "### Anthropic Messages API, side by side with chat" in markdown
     assert "| Messages CPU per delta vs chat's, 8 streams | ≤ 1.15× |" in markdown
@@ -163,17 +172,11 @@ def test_quick_engines_benchmark_streams_every_frame_through_every_engine(
 ) -> None:
     # bench.engines: the gateway three times, identical but for the upstream's engine.
     streams, chunks, requests = (1, 4), 8, 10
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.engines", "--quick", "--out", str(tmp_path)]
-        + ["--streams", ",".join(map(str, streams)), "--chunks", str(chunks)]
-        + ["--ttft-requests", str(requests)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
+    run = bench_module(
+        "bench.engines",
+        *("--quick", "--out", str(tmp_path), "--streams", ",".join(map(str, streams))),
+        *("--chunks", str(chunks), "--ttft-requests", str(requests)),
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = orjson.loads((tmp_path / "results.json").read_bytes())
     assert results["configs"] == ["direct", "builtin", "httpx", "aiohttp"]
     assert results["meta"]["quick"] is True and results["meta"]["plan"]["rounds"] == 1
@@ -201,16 +204,10 @@ def test_quick_engines_benchmark_streams_every_frame_through_every_engine(
 
 def test_request_start_benchmark_compares_two_trees_and_profiles_both() -> None:
     # bench.starts against HEAD: the same code twice, from this tree and a worktree.
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.starts", "--against", "HEAD"]
-        + ["--streams", "16", "--rounds", "2", "--profile", "--top", "40"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
+    run = bench_module(
+        "bench.starts",
+        *("--against", "HEAD", "--streams", "16", "--rounds", "2", "--profile", "--top", "40"),
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith(("| this", "| at HEAD"))]
     assert len(rows) == 2, run.stdout
     for row in rows:
