@@ -91,9 +91,10 @@ async def bursts(targets: list[Target], streams: int, rounds: int) -> dict[str, 
         connections = target.connections(streams)
         await workloads.connect_all(connections)
         before = sum(map(cpu_seconds, target.proxy))
-        started = time.perf_counter()
-        results = await asyncio.gather(*(c.request(payload, stream=True) for c in connections))
-        wall = time.perf_counter() - started
+        with workloads.collector_paused():
+            started = time.perf_counter()
+            results = await asyncio.gather(*(c.request(payload, stream=True) for c in connections))
+            wall = time.perf_counter() - started
         spent = sum(map(cpu_seconds, target.proxy)) - before
         if r < 0:
             continue
