@@ -11,6 +11,7 @@ chaos answers.
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench import workloads
 from bench.client import Connection, Result
 from bench.workloads import MESSAGES, PATHS, body, continuation
 from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
@@ -219,3 +221,34 @@ def test_request_start_benchmark_compares_two_trees_and_profiles_both() -> None:
     assert [p.split(" ", 1)[0] for p in profiles] == ["this", "at"]
     for profile in profiles:
         assert "(chat_completions)" in profile and "(_produce)" in profile, profile
+
+
+def test_floor_benchmark_runs_the_pipe_the_bare_stack_and_the_gateway() -> None:
+    run = bench_module("bench.floor", "--streams", "8", "--rounds", "1")
+    rows = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("| ") and not line.startswith(("| target", "| :--")):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[cells[0]] = cells
+    assert list(rows) == ["direct", "pipe", "asgi", "gateway"], run.stdout
+    for name, cells in rows.items():
+        assert cells[4] == "0", cells  # errors: every stream got its 64 deltas and [DONE]
+        assert cells[3].endswith("of 8"), cells
+        assert float(cells[2]) > 0.5, cells  # frames/s against direct's
+        if name != "direct":
+            assert float(cells[1]) >= 0, cells  # CPU µs per delta (10 ms ticks: may read 0)
+    assert "The gateway's own work:" in run.stdout
+
+
+def test_the_harness_pauses_its_collector_only_while_it_measures() -> None:
+    assert gc.isenabled()
+    with workloads.collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a caller that had it off keeps it off
+        with workloads.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
