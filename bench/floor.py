@@ -44,19 +44,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from bench import workloads
 from bench.procs import free_ports, http_ok, pinned, spawned, tree, wait_ready
+from bench.starts import CONFIG  # the default gateway, every model to the bench upstream
 from bench.workloads import Roles, Target
 from gateway.upstream.sse import event_stream
 from gateway.upstream.transport import Http1Transport
 
-CONFIG = """
-upstreams:
-  - name: bench
-    base_url: http://127.0.0.1:{port}/v1
-    timeouts: {{connect: 5, first_byte: 30, idle: 30}}
-routes:
-  - match: "*"
-    upstream: bench
-"""
 TARGETS = ("direct", "pipe", "asgi", "gateway")
 
 
