@@ -654,7 +654,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         replicas = []
         for name, port in zip(REPLICAS, ports, strict=True):
+            # One worker, as a pod runs: with Redis, serve would start one per CPU, and a
+            # SIGKILLed parent leaves its workers serving (the replica would not die).
             argv = [str(BIN), "serve", "--config", str(config), "--port", str(port)]
+            argv += ["--workers", "1"]
             process = Process(
                 f"gateway-{name}",
                 [*argv, "--log-level", args.gateway_log_level],

@@ -166,6 +166,10 @@ def test_short_soak_with_redis_and_a_replica_killed_has_only_exact_answers(
         "gateway-A restarted",
     ], summary
     assert not report["infrastructure_failed"], summary
+    # The kill took streams with it: they resumed on the other replica. (With Redis,
+    # serve starts a worker per CPU, and a SIGKILLed parent leaves its workers serving:
+    # the soak starts its replicas with --workers 1, or nothing would have broken.)
+    assert report["resumes"]["after_kill"] > 0, summary
     assert sum(counts[k] for k in ("exact", "tools_cut", "error")) == 60, summary
     for defect in (
         "lost",
