@@ -46,8 +46,8 @@ from bench import workloads
 from bench.procs import free_ports, http_ok, pinned, spawned, tree, wait_ready
 from bench.starts import CONFIG  # the default gateway, every model to the bench upstream
 from bench.workloads import Roles, Target
+from gateway.upstream import transport as http1
 from gateway.upstream.sse import event_stream
-from gateway.upstream.transport import Http1Transport
 
 TARGETS = ("direct", "pipe", "asgi", "gateway")
 
@@ -120,7 +120,7 @@ class Relay:
 
     def __init__(self, upstream: int) -> None:
         self._url = httpx.URL(f"http://127.0.0.1:{upstream}/v1/chat/completions")
-        self._engine: Http1Transport | None = None
+        self._engine: tuple[http1.Http1Transport, http1.Target] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -130,19 +130,19 @@ class Relay:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        if self._engine is None:  # made on the server's loop
-            self._engine = Http1Transport(
+        if self._engine is None:  # made on the server's loop; the target once, as the gateway
+            engine = http1.Http1Transport(
                 tls=ssl.create_default_context(),
                 max_connections=4096,
                 max_keepalive_connections=4096,
             )
-        engine = self._engine
+            self._engine = engine, engine.target("POST", self._url)
+        engine, target = self._engine
         body = bytearray()
         message: Message = {"more_body": True}
         while message.get("more_body"):
             message = await receive()
             body += message.get("body", b"")
-        target = engine.target("POST", self._url)
         headers = {"content-type": "application/json"}
         response = await engine.request(target, headers, bytes(body), {"read": 30.0})
         start = [(b"content-type", b"text/event-stream")]
