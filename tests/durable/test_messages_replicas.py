@@ -248,11 +248,13 @@ def read_then_kill(
     return run_id, first
 
 
-def resume_with_sdk(replica: Replica, model: str, resume: dict[str, str]) -> list[dict[str, Any]]:
+def resume_with_sdk(
+    replica: Replica, model: str, resume: dict[str, str], api_key: str = CREDENTIAL
+) -> list[dict[str, Any]]:
     """The rest of a run, as the anthropic SDK reads it from ``replica`` (``resume``: the
-    x-run-id and x-resume-from headers)."""
+    x-run-id and x-resume-from headers) with ``api_key``."""
     with (
-        sdk(replica) as client,
+        sdk(replica, api_key) as client,
         client.messages.create(
             model=model,
             max_tokens=MAX_TOKENS,
@@ -336,15 +338,8 @@ def test_another_credential_gets_a_404_on_another_replica_and_takes_nothing_over
     run_id, first = read_then_kill(a, store, model, 8)
     # The run is orphaned: whoever resumes it first takes it over, if it owns it.
     resume = {"x-run-id": run_id, "x-resume-from": str(len(first))}
-    with sdk(b, api_key="sk-other") as client:
-        with pytest.raises(anthropic.NotFoundError) as raised:
-            client.messages.create(
-                model=model,
-                max_tokens=MAX_TOKENS,
-                messages=MESSAGES,
-                stream=True,
-                extra_headers=resume,
-            )
+    with pytest.raises(anthropic.NotFoundError) as raised:
+        resume_with_sdk(b, model, resume, api_key="sk-other")
     body = raised.value.body
     assert isinstance(body, dict) and body["type"] == "error", body
     assert body["error"]["type"] == "not_found_error", body
