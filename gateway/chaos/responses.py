@@ -16,6 +16,7 @@ and encodes its few whole documents (items, the Response object) once.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -200,6 +201,54 @@ def response_id(number: int) -> str:
     return f"resp_chaos_{number}"
 
 
+ENCRYPTED_CONTENT = "reasoning.encrypted_content"
+
+
+def encrypted_content(summary: str) -> str:
+    """The ``encrypted_content`` of a reasoning item whose summary says ``summary``: what
+    a ``store: false`` client must send back for the item to be read again."""
+    return "enc_" + hashlib.sha256(summary.encode()).hexdigest()[:24]
+
+
+def asks_encrypted(body: dict[str, Any]) -> bool:
+    include = body.get("include")
+    return isinstance(include, list) and ENCRYPTED_CONTENT in include
+
+
+def refused_items(body: dict[str, Any]) -> str | None:
+    """Why OpenAI would refuse this request's ``input`` items, or None.
+
+    As OpenAI does with ``store: false``: nothing is persisted, so a reasoning item
+    sent back is read from its ``encrypted_content`` alone, which must be the one its
+    response gave for its summary; and a ``function_call_output`` must answer a
+    ``function_call`` of the same input.
+    """
+    items = body.get("input")
+    if body.get("store") is not False or not isinstance(items, list):
+        return None
+    calls = set()
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "reasoning":
+            summary = item.get("summary")
+            parts = summary if isinstance(summary, list) else []
+            text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+            if item.get("encrypted_content") != encrypted_content(text):
+                return (
+                    f"Item with id '{item.get('id')}' not found. Items are not persisted "
+                    "when `store` is set to false. Try again with `store` set to true, "
+                    "or remove this item from your input."
+                )
+        elif kind == "function_call":
+            calls.add(item.get("call_id"))
+        elif kind == "function_call_output" and item.get("call_id") not in calls:
+            call_id = item.get("call_id")
+            return f"No tool call found for function call output with call_id {call_id}."
+    return None
+
+
 def responses_plan(
     answer: ResponsesScript,
     prefix: str = "",
@@ -210,6 +259,7 @@ def responses_plan(
     model: str = "chaos",
     created: int = 0,
     input_tokens: int = 11,
+    encrypted: bool = False,
 ) -> ResponsesPlan:
     """The events of a Responses stream resuming after ``prefix`` of the answer text.
 
@@ -218,6 +268,8 @@ def responses_plan(
     message item is there only if this response says some text. Item ids carry
     ``number`` (``rs_<n>``, ``msg_<n>``, ``fc_<n>_<j>``): they differ between responses.
     ``deltas`` (``attempt_deltas``), when given, are the text after the prefix.
+    ``encrypted``: the request's ``include`` asked for the reasoning's
+    ``encrypted_content``, which its done item and the Response then carry.
     """
     script = answer.script
     identity = response_id(number)
@@ -246,7 +298,10 @@ def responses_plan(
         where = b',"item_id":"%s","output_index":%d,"summary_index":0' % (item_id, len(output))
         part: dict[str, Any] = {"type": "summary_text", "text": answer.reasoning}
         item = {"id": item_id.decode(), "type": "reasoning"}
-        open_item(item | {"summary": []}, item | {"summary": [part]})
+        done = item | {"summary": [part]}
+        if encrypted:
+            done["encrypted_content"] = encrypted_content(answer.reasoning)
+        open_item(item | {"summary": []}, done)
         add(SUMMARY_PART_ADDED, where + _EMPTY_SUMMARY_PART)
         add_deltas(SUMMARY_DELTA, where, answer.reasoning_tails)
         add(SUMMARY_DONE, where + b',"text":' + orjson.dumps(answer.reasoning) + b"}")

@@ -298,6 +298,8 @@ class ChaosUpstream:
             return await _reply_error(writer, request, 400, message)
         if request.path == "/v1/messages" and (refusal := messages.prefill_error(payload)):
             return await _reply_error(writer, request, 400, refusal)
+        if request.path == "/v1/responses" and (refusal := responses.refused_items(payload)):
+            return await _reply_error(writer, request, 400, refusal)
         recorded.attempt = self._counts.take_attempt(spec)
         fault = self._counts.take_fault(spec)
         if fault in HTTP2_FAULTS:  # no GOAWAY or RST_STREAM in HTTP/1.1
@@ -413,6 +415,7 @@ class ChaosUpstream:
             model=model,
             created=created,
             input_tokens=10 + (len(items) if items is not None else 1),
+            encrypted=responses.asks_encrypted(payload),
         )
         if payload.get("stream") is not True:
             return await _reply_json(writer, request, orjson.dumps(plan.response), fault)

@@ -9,8 +9,9 @@ Whatever the legs do, the splicer keeps:
 - output items with one ``output_index`` and ``item_id`` each, contiguous from 0. A
   continuation's message continues the client's open message item (same id and
   index, its text seam-trimmed); a later leg's reasoning is not sent again;
-- ``function_call`` items released whole: added, argument deltas and done, once the
-  upstream says the item is done;
+- ``function_call`` and ``reasoning`` items released whole: added, their deltas and
+  done (with a reasoning item's ``encrypted_content``), once the upstream says the item
+  is done; a cut one never reaches the client. Items go out one after another;
 - the ``*.done`` events and the terminal event's ``output`` carry the whole spliced
   text; exactly one terminal event, ``response.completed`` or ``response.incomplete``
   with usage summed over legs, or ``error`` + ``response.failed``.

@@ -3,6 +3,16 @@
 Pure, like the chat splicer: upstream events in, client events out, and a record of
 what was sent in the run's ``ResponsesAccumulator``. See ``gateway.protocols.responses``
 for what the client is promised and the rest of the adapter.
+
+Messages stream as they come. Every other item an agent sends back on its next turn
+(``function_call``, ``reasoning``) is held until the upstream says it is done, then
+released whole: added, its deltas, done (ARCHITECTURE.md section 6b rule 2). So a
+client never holds half a function call, nor a reasoning item without the
+``encrypted_content`` its done event carries (``store: false`` clients send it back,
+and a provider refuses a reasoning item it cannot read). The cost: a reasoning
+summary reaches the client when its item is done, not delta by delta. Items go out
+strictly one after another: a held item is released only after the client's open
+message (a continuation's) is closed.
 """
 
 from __future__ import annotations
@@ -122,10 +132,16 @@ class ResponsesAccumulator(RunAccumulator):
 
 
 @dataclass(slots=True)
-class HeldCall:
-    """A function call of the current leg, held until its output_item.done."""
+class Held:
+    """An item of the current leg (a function call, a reasoning item), held until its
+    output_item.done."""
 
     events: list[dict[str, Any]]
+
+    @property
+    def type(self) -> Any:
+        item = self.events[0].get("item")
+        return item.get("type") if type(item) is dict else None
 
 
 class ResponsesSplicer(Legs):
@@ -140,7 +156,7 @@ class ResponsesSplicer(Legs):
         # A later leg's new message, held (added, part added) until it has text to show:
         # a continuation that only repeats the anchor must not leave an empty message.
         self._pending: dict[int, list[dict[str, Any]]] = {}
-        self._held: dict[int, HeldCall] = {}
+        self._held: dict[int, Held] = {}
         self._ids: set[str] = {item.id for item in accumulator.items}
 
     # -- what recovery needs to know (as the chat splicer) ----------------------------
@@ -150,15 +166,17 @@ class ResponsesSplicer(Legs):
         self._ids = {item.id for item in self.sent.items}
         self._ids |= {call.id for call in self.sent.tool_calls}
 
+    def _held_calls(self) -> list[Held]:
+        return [held for held in self._held.values() if held.type == "function_call"]
+
     def in_flight(self) -> list[str]:
-        names = [_call_name(held) for held in self._held.values()]
-        return self._dropped + names
+        return self._dropped + [_call_name(held) for held in self._held_calls()]
 
     def held_calls(self) -> list[tuple[str, str]]:
-        return [(_call_name(held), _call_arguments(held)) for held in self._held.values()]
+        return [(_call_name(held), _call_arguments(held)) for held in self._held_calls()]
 
     def holding(self) -> bool:
-        return bool(self._held)
+        return bool(self._held_calls())
 
     def forget_leg(self) -> None:
         self._held.clear()
@@ -220,11 +238,13 @@ class ResponsesSplicer(Legs):
             return None
         kind = item.get("type")
         sent = self.sent
-        if kind == "function_call":
-            self._held[index] = HeldCall([obj])
+        if kind == "reasoning" and self.leg > 0 and sent.items:
+            # A continuation's (or a restart's) reasoning: the client has its answer's
+            # reasoning, or output after which new reasoning would be out of place.
+            self._map[index] = None
             return None
-        if kind == "reasoning" and self.leg > 0 and any(i.type == "reasoning" for i in sent.items):
-            self._map[index] = None  # the client has the first leg's reasoning
+        if kind in ("function_call", "reasoning"):
+            self._held[index] = Held([obj])
             return None
         if kind == "message":
             open_message = sent.open_message()
@@ -386,6 +406,29 @@ class ResponsesSplicer(Legs):
         added = held.events[0].get("item")
         if type(done) is not dict or type(added) is not dict:
             return None
+        out = self._close_messages()
+        if held.type == "function_call":
+            item = self._function_call(added, done)
+        else:
+            item = self._new_item(added)
+            item.done = done | {"id": item.id}
+        self._map[index] = item
+        for event in held.events:
+            kind = event.get("type")
+            if kind == "response.output_item.added":
+                event = event | {"item": item.added}
+            elif kind == "response.output_item.done":
+                event = event | {"item": item.done}
+            elif kind in _REASONING_DELTAS:
+                delta = event.get("delta")
+                if type(delta) is str and delta:
+                    self.sent.add_reasoning("reasoning", delta)
+                    item.add_summary(event.get("summary_index"), delta)
+            out += self._render(self._placed(event, item))
+        return out
+
+    def _function_call(self, added: dict[str, Any], done: dict[str, Any]) -> Item:
+        """A function call as the client gets it: its ids unique in the answer, recorded."""
         sent = self.sent
         item = self._new_item(added | {"arguments": ""})
         call_id = done.get("call_id")
@@ -396,14 +439,22 @@ class ResponsesSplicer(Legs):
         item.done = done | {"id": item.id, "call_id": call_id}
         name, arguments = str(done.get("name") or ""), str(done.get("arguments") or "")
         sent.tool_calls.append(ToolCall(len(sent.tool_calls), call_id, name, arguments))
-        self._map[index] = item
+        return item
+
+    def _close_messages(self) -> bytes:
+        """Close the client's open message (with what its seam still held), so that the
+        next item starts after it: items go out one after another."""
         out = b""
-        for event in held.events:
-            if event.get("type") == "response.output_item.added":
-                event = event | {"item": item.added}
-            elif event.get("type") == "response.output_item.done":
-                event = event | {"item": item.done}
-            out += self._render(self._placed(event, item))
+        for item in self.sent.items:
+            if item.type != "message" or item.done is not None:
+                continue
+            if self.seam is not None:
+                rest = self.seam.flush()
+                if rest:
+                    item.text.append(rest)
+                    self.sent.add_text(rest)
+                    out += self._render(self._text_delta(item, rest))
+            out += self._close_message(item)
         return out
 
     def _placed(self, obj: dict[str, Any], item: Item) -> dict[str, Any]:
@@ -427,19 +478,9 @@ class ResponsesSplicer(Legs):
 
     def _finish(self, status: str) -> bytes:
         """Close what the client has open, then the one terminal event."""
-        out = b""
+        out = self._close_messages()
         for item in self.sent.items:
-            if item.done is not None:
-                continue
-            if item.type == "message":
-                if self.seam is not None:
-                    rest = self.seam.flush()
-                    if rest:
-                        item.text.append(rest)
-                        self.sent.add_text(rest)
-                        out += self._render(self._text_delta(item, rest))
-                out += self._close_message(item)
-            else:
+            if item.done is None:  # none but a message is ever sent open: a safeguard
                 item.done = item.final()
                 out += self._render(
                     {
@@ -534,12 +575,12 @@ class ResponsesSplicer(Legs):
 _UNSEEN = Item(-1, "", "", {})
 
 
-def _call_name(held: HeldCall) -> str:
+def _call_name(held: Held) -> str:
     item = held.events[0].get("item")
     name = item.get("name") if type(item) is dict else None
     return name if type(name) is str and name else "unnamed tool"
 
 
-def _call_arguments(held: HeldCall) -> str:
+def _call_arguments(held: Held) -> str:
     parts = [e.get("delta") for e in held.events if e.get("type") in TEXT_DELTAS]
     return "".join(p for p in parts if type(p) is str)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -86,11 +86,25 @@ def check_contract(streamed: Streamed) -> None:
     for event in events:
         if getattr(event, "item_id", None) is not None:
             assert event.item_id == added[event.output_index].item.id
+    # Items strictly one after another (ARCHITECTURE.md section 6b rule 2).
+    open_item = None
+    for event in events:
+        index = getattr(event, "output_index", None)
+        if event.type == "response.output_item.added":
+            assert open_item is None, f"item {index} added while item {open_item} is open"
+            open_item = index
+        elif event.type == "response.output_item.done":
+            assert index == open_item
+            open_item = None
+        elif index is not None:
+            assert index == open_item, f"{event.type} of item {index} outside it"
+    assert open_item is None
 
 
 def stream(sdk: OpenAI, model: str, **extra: Any) -> Streamed:
     streamed = Streamed()
-    with sdk.responses.stream(model=model, input="Tell me.", **extra) as events:
+    extra.setdefault("input", "Tell me.")
+    with sdk.responses.stream(model=model, **extra) as events:
         for event in events:
             streamed.events.append(event)
         streamed.final = events.get_final_response()
@@ -146,16 +160,50 @@ def test_function_calls_survive_every_fault_at_every_point(
     assert "".join(e.delta for e in deltas) == "".join(c[2] for c in calls_of(model, calls))
 
 
-@pytest.mark.parametrize("at", [3, 12], ids=["mid-reasoning", "mid-text"])
-def test_reasoning_is_kept_and_never_sent_twice(sdk: OpenAI, at: int) -> None:
+@pytest.mark.parametrize("at", [3, 6, 12], ids=["mid-reasoning", "before-text", "mid-text"])
+def test_reasoning_is_whole_and_never_sent_twice(sdk: OpenAI, at: int) -> None:
     model = f"chaos:text=20,reasoning=6,seed=22,fault=reset,at={at},times=1"
     streamed = stream(sdk, model)
     answer = expected_answer(model)
     assert streamed.text() == answer.text
-    reasoning = streamed.reasoning()
-    assert answer.reasoning.startswith(reasoning) and reasoning
+    # A cut reasoning item never reaches the client: the one it gets is whole.
+    assert streamed.reasoning() == answer.reasoning
     items = [e.item.type for e in streamed.events if e.type == "response.output_item.added"]
     assert items.count("reasoning") == 1
+
+
+def agent_turn(sdk: OpenAI, model: str, items: list[Any]) -> Any:
+    """A turn as Codex sends it: nothing stored, the reasoning sent back encrypted."""
+    return sdk.responses.create(
+        model=model, input=cast(Any, items), store=False, include=["reasoning.encrypted_content"]
+    )
+
+
+@pytest.mark.parametrize("fault", ["reset", "error", "stall"])
+@pytest.mark.parametrize(
+    "at", [3, 6, 12, 25], ids=["mid-reasoning", "before-text", "mid-text", "mid-arguments"]
+)
+def test_an_agents_next_turn_accepts_every_item_of_a_recovered_answer(
+    sdk: OpenAI, fault: str, at: int
+) -> None:
+    """As Codex does (``store: false``, encrypted reasoning): the first turn's output goes
+    back as input, and the upstream (as OpenAI's) refuses an item it cannot read."""
+    model = f"chaos:text=20,reasoning=6,tools=1,arg_deltas=4,seed=40,fault={fault},at={at},times=1"
+    question = [{"role": "user", "content": "Tell me."}]
+    streamed = stream(
+        sdk, model, input=question, store=False, include=["reasoning.encrypted_content"]
+    )
+    answer = expected_answer(model)
+    assert streamed.text() == answer.text and streamed.calls() == calls_of(model)
+    output = [item.model_dump(exclude_none=True) for item in streamed.final.output]
+    reasoning = [item for item in output if item["type"] == "reasoning"]
+    assert len(reasoning) == 1 and reasoning[0]["encrypted_content"]
+    call = next(item for item in output if item["type"] == "function_call")
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": "42"}
+    # The next turn, as an agent sends it: a new question, so a whole new answer.
+    again = "chaos:text=5,seed=41"
+    follow = agent_turn(sdk, again, [*question, *output, result])
+    assert follow.status == "completed" and follow.output_text == expected_answer(again).text
 
 
 def test_utf8_split_across_reads_and_a_seam(sdk: OpenAI) -> None:

@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -283,6 +283,59 @@ def test_input_tokens_count_the_input_items(client: httpx.Client) -> None:
     assert final is not None
     assert final["usage"]["input_tokens"] == 13
     assert final["usage"]["output_tokens"] == 4
+
+
+# --- store: false, as OpenAI checks the items sent back -----------------------------------
+
+
+def agent_turn(sdk: openai.OpenAI, model: str, items: list[Any]) -> Any:
+    """A turn as Codex sends it: nothing stored, the reasoning sent back encrypted."""
+    return sdk.responses.create(
+        model=model, input=cast(Any, items), store=False, include=["reasoning.encrypted_content"]
+    )
+
+
+def test_encrypted_content_only_when_asked_and_whole_items_are_accepted_back(
+    sdk: openai.OpenAI,
+) -> None:
+    spec = "chaos:text=3,reasoning=2,tools=1"
+    plain = sdk.responses.create(model=spec, input=cast(Any, [USER]))
+    assert [i.encrypted_content for i in plain.output if i.type == "reasoning"] == [None]
+    first = agent_turn(sdk, spec, [USER])
+    output = [item.model_dump(exclude_none=True) for item in first.output]
+    assert [i["encrypted_content"] for i in output if i["type"] == "reasoning"] != [None]
+    call = next(i for i in output if i["type"] == "function_call")
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+    again = agent_turn(sdk, "chaos:text=2", [USER, *output, result])
+    assert again.status == "completed"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("no-encrypted-content", "Items are not persisted when `store` is set to false"),
+        ("truncated-summary", "Items are not persisted when `store` is set to false"),
+        ("no-call", "No tool call found for function call output"),
+    ],
+)
+def test_items_that_cannot_be_read_back_are_refused(
+    sdk: openai.OpenAI, change: str, message: str
+) -> None:
+    spec = "chaos:text=3,reasoning=2,tools=1"
+    output = [item.model_dump(exclude_none=True) for item in agent_turn(sdk, spec, [USER]).output]
+    reasoning = next(i for i in output if i["type"] == "reasoning")
+    call = next(i for i in output if i["type"] == "function_call")
+    if change == "no-encrypted-content":  # as a half-formed item reaches an agent
+        del reasoning["encrypted_content"]
+    elif change == "truncated-summary":
+        reasoning["summary"][0]["text"] = reasoning["summary"][0]["text"][:-1]
+    else:
+        output.remove(call)
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+    with pytest.raises(openai.BadRequestError, match=message):
+        agent_turn(sdk, "chaos:text=2", [USER, *output, result])
+    # With store: true, the provider keeps the items: nothing to check here.
+    sdk.responses.create(model="chaos:text=2", input=cast(Any, [USER, *output, result]))
 
 
 # --- continuations ------------------------------------------------------------------------

@@ -75,13 +75,24 @@ class Leg:
             events.append(self.event("response.output_item.done", output_index=index, item=whole))
         return events
 
-    def reasoning(self, index: int, *deltas: str) -> list[Chunk]:
+    def reasoning(self, index: int, *deltas: str, done: bool = True) -> list[Chunk]:
         item = {"id": f"rs_{self.id}", "type": "reasoning", "summary": []}
         at = {"item_id": item["id"], "output_index": index, "summary_index": 0}
-        return [
+        empty = {"type": "summary_text", "text": ""}
+        events = [
             self.event("response.output_item.added", output_index=index, item=item),
+            self.event("response.reasoning_summary_part.added", part=empty, **at),
             *(self.event("response.reasoning_summary_text.delta", delta=d, **at) for d in deltas),
         ]
+        if done:
+            part = {"type": "summary_text", "text": "".join(deltas)}
+            whole = item | {"summary": [part], "encrypted_content": f"enc_{self.id}"}
+            events += [
+                self.event("response.reasoning_summary_text.done", text=part["text"], **at),
+                self.event("response.reasoning_summary_part.done", part=part, **at),
+                self.event("response.output_item.done", output_index=index, item=whole),
+            ]
+        return events
 
     def completed(self, output_tokens: int) -> Chunk:
         usage = {
@@ -165,19 +176,76 @@ def test_usage_is_summed_over_legs_that_reported_it() -> None:
     assert usage == {"input_tokens": 20, "output_tokens": 6, "total_tokens": 26}
 
 
-def test_a_later_legs_reasoning_is_not_sent_again_and_items_stay_contiguous() -> None:
+def strictly_one_after_another(sent: list[dict[str, Any]]) -> None:
+    """Every item's events lie between its added and its done, and an item is added only
+    once the one before it is done (the openai SDK's stream helper checks as much)."""
+    open_item: int | None = None
+    for event in sent:
+        kind, index = event["type"], event.get("output_index")
+        if kind == "response.output_item.added":
+            assert open_item is None, f"item {index} added while item {open_item} is open"
+            open_item = index
+        elif kind == "response.output_item.done":
+            assert index == open_item
+            open_item = None
+        elif index is not None:
+            assert index == open_item, f"{kind} of item {index} outside it"
+    assert open_item is None
+
+
+def test_a_cut_reasoning_item_is_never_shown_and_the_restart_sends_it_whole() -> None:
     splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
-    out = feed(splicer, first.created() + first.reasoning(0, "think"))
+    out = feed(splicer, first.created() + first.reasoning(0, "thi", done=False))
+    assert [e["type"] for e in events(out)] == ["response.created", "response.in_progress"]
+    assert splicer.snapshot().text_chars == 0 and not splicer.snapshot().in_flight_tool_call
+    assert splicer.in_flight() == [] and splicer.held_calls() == []
     splicer.end_leg()
     splicer.begin_leg(Plan.WHOLE_RESTART, None)
     out += feed(
         splicer,
         second.created()
-        + second.reasoning(0, "think again")
+        + second.reasoning(0, "think", " again")
         + second.message(1, "msg_b", "answer")
+        + second.message_done(1, "msg_b", "answer")
         + [second.completed(2)],
     )
     sent = events(out)
+    strictly_one_after_another(sent)
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+    reasoning = [e for e in sent if e.get("item_id") == "rs_resp_b" or e.get("output_index") == 0]
+    assert [e["type"] for e in reasoning] == [
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ]
+    assert reasoning[-1]["item"]["encrypted_content"] == "enc_resp_b"
+    assert splicer.sent.reasoning == "think again"
+    final = sent[-1]["response"]["output"]
+    assert final[0]["encrypted_content"] == "enc_resp_b"  # what the agent sends back, whole
+    assert final[0]["summary"] == [{"type": "summary_text", "text": "think again"}]
+    assert final[1]["content"][0]["text"] == "answer"
+
+
+def test_a_later_legs_reasoning_is_not_sent_again_and_items_stay_contiguous() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    out = feed(splicer, first.created() + first.reasoning(0, "think"))
+    out += feed(splicer, first.message(1, "msg_a", "ans"))
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, None)
+    out += feed(
+        splicer,
+        second.created()
+        + second.reasoning(0, "think again")
+        + second.message(1, "msg_b", "wer")
+        + second.message_done(1, "msg_b", "wer")
+        + [second.completed(2)],
+    )
+    sent = events(out)
+    strictly_one_after_another(sent)
     added = [e for e in sent if e["type"] == "response.output_item.added"]
     assert [(e["output_index"], e["item"]["type"]) for e in added] == [
         (0, "reasoning"),
@@ -185,8 +253,29 @@ def test_a_later_legs_reasoning_is_not_sent_again_and_items_stay_contiguous() ->
     ]
     assert splicer.sent.reasoning == "think"
     final = sent[-1]["response"]["output"]
-    assert final[0]["summary"] == [{"type": "summary_text", "text": "think"}]  # closed as sent
+    assert final[0]["summary"] == [{"type": "summary_text", "text": "think"}]
+    assert final[0]["encrypted_content"] == "enc_resp_a"
     assert final[1]["content"][0]["text"] == "answer"
+
+
+def test_a_held_item_is_released_after_the_clients_open_message_is_closed() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    out = feed(splicer, first.created() + first.message(0, "msg_a", "Let me look"))
+    out += feed(splicer, first.call(1, "call_1", '{"q":', done=False))
+    splicer.end_leg()
+    assert splicer.snapshot().in_flight_tool_call
+    splicer.begin_leg(Plan.TRUNCATE_BEFORE_TOOL, None)
+    # The continuation says no more text: straight to the call.
+    out += feed(splicer, second.created() + second.call(0, "call_1", '{"q": 1}'))
+    out += feed(splicer, [second.completed(3)])
+    sent = events(out)
+    strictly_one_after_another(sent)
+    final = sent[-1]["response"]["output"]
+    assert [(i["type"], i.get("status")) for i in final] == [
+        ("message", "completed"),
+        ("function_call", "completed"),
+    ]
+    assert final[0]["content"][0]["text"] == "Let me look"
 
 
 def test_a_function_call_is_held_until_done_and_a_cut_one_never_shown() -> None:
@@ -240,16 +329,16 @@ def test_replay_rebuilds_the_clients_view() -> None:
     splicer, leg = new(), Leg("resp_a")
     out = feed(
         splicer,
-        leg.created() + leg.reasoning(0, "hm") + leg.message(1, "msg_a", "héllo ", "👩‍💻")
-        + leg.call(2, "call_1", '{"a": 1}'),
+        leg.created() + leg.reasoning(0, "hm") + leg.call(1, "call_1", '{"a": 1}')
+        + leg.message(2, "msg_a", "héllo ", "👩‍💻"),
     )  # fmt: skip
     log = [e + b"\n\n" for e in out.split(b"\n\n") if e]
     rebuilt = RESPONSES.replay(log)
     assert rebuilt.text == "héllo 👩‍💻" and rebuilt.reasoning == "hm"
     assert rebuilt.seq == len(log) and [i.id for i in rebuilt.items] == [
         "rs_resp_a",
-        "msg_a",
         "fc_call_1",
+        "msg_a",
     ]
     assert [c.id for c in rebuilt.tool_calls] == ["call_1"]
     assert (
