@@ -423,6 +423,7 @@ class LocalRun:
                 run.body,
                 self.created,
                 run.adapter.name,
+                run.query,
             ).encode()
         accumulator, splicer = run.accumulator, run.splicer
         state = RunState(
@@ -431,6 +432,7 @@ class LocalRun:
             leg=run.leg_index,
             splice_leg=splicer.leg,
             usage_by_leg={str(k): v for k, v in accumulator.usage_by_leg.items()},
+            estimated_by_leg={str(k): v for k, v in accumulator.estimated_by_leg.items()},
             in_flight=[InFlightCall(name, args) for name, args in splicer.held_calls()],
             text_chars=accumulator.text_chars,
             reasoning_chars=accumulator.reasoning_chars,

@@ -148,8 +148,9 @@ class Metrics:
         )
         self.tokens = Counter(
             "gateway_tokens_total",
-            "Tokens upstreams reported in usage, by kind (prompt, completion) and leg.",
-            ["kind", "leg"],
+            "Tokens by kind (prompt, completion), leg, and source: reported by the upstream, "
+            "or estimated for a leg that broke before it reported (gateway/recovery/usage.py).",
+            ["kind", "leg", "source"],
             registry=r,
         )
         self.relayed_bytes = Counter(

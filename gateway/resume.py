@@ -374,10 +374,12 @@ class Runs:
             client_authorization=forwarding.authorization,
             upstreams=forwarding.upstreams,
             metrics=self.metrics,
+            query=record.query,
         )
         accumulator = adapter.replay(checkpoint.events)
         for leg, usage in state.usage_by_leg.items():
             accumulator.set_usage(int(leg), usage)
+        accumulator.restore_estimates({int(k): v for k, v in state.estimated_by_leg.items()})
         run.restore(
             accumulator,
             leg=state.leg,

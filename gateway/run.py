@@ -121,6 +121,7 @@ class Run:
         upstreams: UpstreamClient,
         metrics: Metrics,
         started: float | None = None,
+        query: str = "",
     ) -> None:
         self.id = run_id or os.urandom(16).hex()  # as random as uuid4().hex, 4x cheaper
         self.adapter = adapter
@@ -129,6 +130,10 @@ class Run:
         self.accumulator = adapter.new_accumulator()
         self.splicer = adapter.splicer(self.accumulator, body)
         self._body = body
+        # The client's query string (``?beta=true``), checked (``relay_query``): every leg
+        # and continuation goes to the adapter's path with it, as the client asked.
+        self.query = query
+        self._path = adapter.path + query
         self._client_authorization = client_authorization
         self._upstreams = upstreams
         self._metrics = metrics
@@ -142,6 +147,7 @@ class Run:
         # so its connection goes back to the pool instead of being torn down.
         self._after_done: AsyncIterator[bytes] | None = None
         self._first_event_deadline = 0.0
+        self._request_bytes = 0  # of the open attempt's request (a usage estimate's input)
         self._last_delay = 0.0
         self._restored_legs: frozenset[int] = frozenset()  # usage another replica counted
         self.attempts = 0  # upstream requests made, over all legs
@@ -178,7 +184,9 @@ class Run:
         """Take over a run from a checkpoint: what the client was sent, and where it was."""
         self.accumulator = accumulator
         self.splicer = self.adapter.splicer(accumulator, self._body)
-        self._restored_legs = frozenset(accumulator.usage_by_leg)
+        self._restored_legs = frozenset(accumulator.usage_by_leg) | frozenset(
+            accumulator.estimated_by_leg
+        )
         self.splicer.restore(splice_leg, in_flight)
         self._leg_index = min(leg, len(self.route.legs) - 1)
 
@@ -232,7 +240,7 @@ class Run:
             self._first_event_deadline = loop.time() + leg.timeouts.first_byte
             try:
                 self._response = await self._upstreams.open_stream(
-                    leg, body, self._client_authorization, self.idle_timeout(leg), self.adapter.path
+                    leg, body, self._client_authorization, self.idle_timeout(leg), self._path
                 )
             except UpstreamHTTPError as exc:
                 if self._refused_prefill(leg, exc):
@@ -257,6 +265,7 @@ class Run:
                 await self._backoff(exc)
             else:
                 self._count_attempt("ok")
+                self._request_bytes = len(body)
                 return
 
     def _refused_prefill(self, leg: ResolvedLeg, exc: UpstreamHTTPError) -> bool:
@@ -386,13 +395,20 @@ class Run:
         return self.adapter.assemble(self.accumulator)
 
     def _count_tokens(self) -> None:
-        for leg, usage in self.accumulator.usage_by_leg.items():
-            if leg not in self._restored_legs:
+        """Tokens by leg, reported apart from estimated (``gateway.recovery.usage``)."""
+        estimated = self.accumulator.estimated_by_leg
+        for source, by_leg in (
+            ("reported", self.accumulator.usage_by_leg),
+            ("estimated", estimated),
+        ):
+            for leg, usage in by_leg.items():
+                if leg in self._restored_legs or (source == "reported" and leg in estimated):
+                    continue
                 # Chat's names, or the Responses and Messages ones.
                 for kind, other in (("prompt", "input"), ("completion", "output")):
                     tokens = usage.get(f"{kind}_tokens", usage.get(f"{other}_tokens"))
                     if isinstance(tokens, int) and tokens > 0:
-                        self._metrics.tokens.labels(kind, str(leg)).inc(tokens)
+                        self._metrics.tokens.labels(kind, str(leg), source).inc(tokens)
 
     async def _run(self, emit: Emit, failure: StreamInterrupted | None = None) -> None:
         """Relay legs until the answer is complete; start by recovering from ``failure``."""
@@ -412,6 +428,7 @@ class Run:
                     failure = interrupted
                     await self.aclose()
             self.last_cause = failure.cause
+            self.accumulator.measure(self.splicer.leg).broke = True  # its usage: estimated
             if self.on_interrupted is not None:
                 self.on_interrupted()
             self.splicer.end_leg()
@@ -493,7 +510,9 @@ class Run:
         """
         assert self._response is not None, "open() first"
         splicer, adapter, accumulator = self.splicer, self.adapter, self.accumulator
-        parse = adapter.parse_event
+        parse, delta_chars = adapter.parse_event, adapter.delta_chars
+        measure = accumulator.measure(splicer.leg)
+        measure.request_bytes = self._request_bytes
         received = False
         clock = asyncio.get_running_loop().time
         guard: ThroughputGuard | None = None
@@ -509,9 +528,12 @@ class Run:
                                 received = True
                                 first_event.reschedule(None)
                                 guard = self._throughput_guard(clock())
-                            slow = guard is not None and guard.add(
-                                adapter.delta_chars(event), clock()
-                            )
+                            # What the leg's usage is estimated from, should it break.
+                            added = delta_chars(event)
+                            if added:
+                                measure.output_chars += added
+                                measure.output_deltas += 1
+                            slow = guard is not None and guard.add(added, clock())
                             out = splicer.feed(event)
                             if out is not None:
                                 if self._awaiting_content and accumulator.text_chars:

@@ -24,6 +24,7 @@ from gateway.recovery.classify import RETRYABLE_STATUSES
 from gateway.run import Run
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedRoute
+from gateway.upstream.target import relay_query
 
 # On an error the gateway already retried: SDKs (openai, anthropic) that honour it do
 # not retry on top, so a client's retries never multiply the gateway's (no storm).
@@ -40,6 +41,7 @@ class Asked:
     body: dict[str, Any]  # without the gateway's own fields
     client_authorization: str | None
     started: float
+    query: str  # the client's query string, checked, as it goes upstream ("" or "?…")
 
 
 async def asked(request: Request, adapter: Adapter) -> Asked | Response:
@@ -51,6 +53,7 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
     resumed = request.headers.get("x-run-id")
     if resumed is not None:
         return await resume_stream(request, gateway, resumed)
+    query = relay_query(request.scope["query_string"])
     body = await gateway.read_json(request)
     route = gateway.router.resolve(body.get("model"), adapter.name)
     request_log().route = route.name
@@ -58,7 +61,7 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
     route = fallbacks.serving(adapter.name)
     # A strict upstream refuses fields it does not know.
     body = without_gateway_fields(body)
-    return Asked(gateway, adapter, route, body, client_authorization, started)
+    return Asked(gateway, adapter, route, body, client_authorization, started, query)
 
 
 async def answer(request: Request, asked: Asked) -> Response:
@@ -76,6 +79,7 @@ async def answer(request: Request, asked: Asked) -> Response:
         upstreams=upstreams,
         metrics=gateway.metrics,
         started=asked.started,
+        query=asked.query,
     )
     request_log().run = run
     headers = {"x-run-id": run.id}

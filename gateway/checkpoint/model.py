@@ -3,8 +3,8 @@
 A run is stored as three parts, all keyed by the run id:
 
 - the **record**, written once: who owns the run (a keyed hash of the credential,
-  never the credential), the route, and the original request body (credentials
-  travel in headers, which are never stored);
+  never the credential), the route, and the original request body and query string
+  (credentials travel in headers, which are never stored);
 - the **event log**: every SSE event the client was sent, numbered from 1. It is
   the ground truth of what the client has, and appended to, never rewritten, so
   a checkpoint costs what changed since the last one, not the whole answer;
@@ -39,6 +39,7 @@ class RunRecord:
     body: dict[str, Any]
     created: float  # unix time
     protocol: str = "chat"  # the adapter that speaks the run's wire protocol
+    query: str = ""  # the client's query string, which every leg's request carries
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively, fast
@@ -63,6 +64,8 @@ class RunState:
     leg: int  # route leg relaying the run
     splice_leg: int  # upstream responses spliced so far, minus one
     usage_by_leg: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Legs that broke before they reported usage: what they are estimated to cost.
+    estimated_by_leg: dict[str, dict[str, int]] = field(default_factory=dict)
     in_flight: list[InFlightCall] = field(default_factory=list)
     text_chars: int = 0  # offsets delivered to the client
     reasoning_chars: int = 0

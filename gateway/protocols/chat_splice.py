@@ -199,8 +199,8 @@ class Splicer(Legs):
     def usage_chunk(self) -> bytes:
         """The one usage chunk, if the client asked for it (on success and on failure).
 
-        It sums what the legs reported; a leg that broke before its usage chunk
-        reported nothing, and counts 0 (its tokens are unknown to the gateway).
+        It sums every leg: what each reported, or for a leg that broke before its usage
+        chunk, an estimate (``gateway.recovery.usage``).
         """
         if not self.include_usage or self.sent.identity is None:
             return b""  # nothing was ever sent: there is no stream to end with usage

@@ -118,6 +118,23 @@ class ResponsesAccumulator(RunAccumulator):
                 return item if item.done is None and not item.text_done else None
         return None
 
+    def client_usage(self) -> dict[str, Any]:
+        """Usage as a Response carries it, whole (never null: a synthesized end, or one
+        after a recovery, has it too): summed over legs, with its token details."""
+        usage = self.usage
+        if usage is None:
+            usage = dict.fromkeys(USAGE_COUNTS, 0)
+        if "input_tokens_details" in usage and "output_tokens_details" in usage:
+            return usage  # one leg's, as reported
+        legs = list(self.usage_by_leg.values())
+        details = (
+            ("input_tokens_details", "cached_tokens"),
+            ("output_tokens_details", "reasoning_tokens"),
+        )
+        return usage | {
+            field: {name: sum(_detail(leg, field, name) for leg in legs)} for field, name in details
+        }
+
     def output(self) -> list[dict[str, Any]]:
         return [item.final() for item in self.items]
 
@@ -125,7 +142,7 @@ class ResponsesAccumulator(RunAccumulator):
         response = dict(self.response or {})
         response["status"] = status
         response["output"] = self.output()
-        response["usage"] = self.usage
+        response["usage"] = self.client_usage()
         if status == "incomplete":
             response["incomplete_details"] = self.incomplete_details
         return response
@@ -573,6 +590,12 @@ class ResponsesSplicer(Legs):
 
 
 _UNSEEN = Item(-1, "", "", {})
+
+
+def _detail(usage: dict[str, Any], field: str, name: str) -> int:
+    details = usage.get(field)
+    value = details.get(name) if type(details) is dict else None
+    return value if type(value) is int else 0
 
 
 def _call_name(held: Held) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.recovery.usage import LegMeasure, estimate_usage
+
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -57,6 +59,8 @@ class RunAccumulator:
         self._refusal: list[str] = []
         self._logprobs: dict[str, list[Any]] = {}  # "content" / "refusal": token entries
         self._usage_by_leg: dict[int, dict[str, Any]] = {}
+        self._measures: dict[int, LegMeasure] = {}  # what the gateway saw of each leg
+        self._restored_estimates: dict[int, dict[str, int]] = {}  # another replica's
 
     @property
     def text(self) -> str:
@@ -91,15 +95,49 @@ class RunAccumulator:
 
     @property
     def usage_by_leg(self) -> dict[int, dict[str, Any]]:
+        """Usage as the upstreams reported it, by leg."""
         return self._usage_by_leg
+
+    def measure(self, leg: int) -> LegMeasure:
+        """What the gateway saw of ``leg`` (its request, its output): kept so that a leg
+        that breaks before it reports usage still counts (``estimated_by_leg``)."""
+        measure = self._measures.get(leg)
+        if measure is None:
+            measure = self._measures[leg] = LegMeasure()
+        return measure
+
+    def restore_estimates(self, estimates: dict[int, dict[str, int]]) -> None:
+        """Estimates another replica made for the legs it relayed (a takeover)."""
+        self._restored_estimates = estimates
+
+    @property
+    def estimated_by_leg(self) -> dict[int, dict[str, int]]:
+        """Usage estimated for the legs that broke before they reported it whole: the user
+        pays for them too (``gateway.recovery.usage``)."""
+        counts = self.usage_counts
+        estimates = dict(self._restored_estimates)
+        complete = [
+            (measure, self._usage_by_leg[leg])
+            for leg, measure in self._measures.items()
+            if not measure.broke and leg in self._usage_by_leg
+        ]
+        for leg, measure in self._measures.items():
+            if measure.broke:
+                estimate = estimate_usage(measure, self._usage_by_leg.get(leg), complete, counts)
+                if estimate is not None:
+                    estimates[leg] = estimate
+        return estimates
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        """Usage summed over every leg: the user pays for all of them."""
-        legs = list(self._usage_by_leg.values())
+        """Usage summed over every leg, reported or estimated: the user pays for all of
+        them. None only when no leg was ever opened."""
+        estimated = self.estimated_by_leg
+        legs = [u for leg, u in self._usage_by_leg.items() if leg not in estimated]
+        legs += estimated.values()
         if not legs:
             return None
-        if len(legs) == 1:
+        if len(legs) == 1 and not estimated:
             return legs[0]
         return {k: sum(int(u.get(k) or 0) for u in legs) for k in self.usage_counts}
 

@@ -285,13 +285,16 @@ class UpstreamClient:
 
     def _stream_target(self, upstream: str, path: str) -> tuple[httpx.URL, Target | None]:
         """The URL of an API path on ``upstream``, and the builtin engine's target for a
-        POST to it: both worked out once."""
+        POST to it: both worked out once per path (not per query: clients choose those,
+        so a memo of them would grow without bound)."""
         known = self._stream_targets.get((upstream, path))
         if known is None:
             url = upstream_url(self._roots[upstream], path)
             transport = self._transports[upstream]
             target = transport.target("POST", url) if type(transport) is Http1Transport else None
-            known = self._stream_targets[upstream, path] = (url, target)
+            known = (url, target)
+            if "?" not in path:
+                self._stream_targets[upstream, path] = known
         return known
 
     async def forward(

@@ -46,14 +46,21 @@ def relay_target(raw_path: bytes, query: bytes) -> str:
         if segment in ("", ".", "..") or not _FORBIDDEN.isdisjoint(segment):
             raise UnsafePath(f"The path segment {raw!r} is not allowed.")
         segments.append(quote(segment, safe=_PCHAR_SAFE))
-    path = "/" + "/".join(segments)
+    return "/" + "/".join(segments) + relay_query(query)
+
+
+def relay_query(query: bytes) -> str:
+    """The client's query string as it goes upstream (``?…``, or "" when it sent none).
+
+    Passed as received (``?beta=true``, Azure's ``api-version``…): printable ASCII only.
+    """
     if not query:
-        return path
+        return ""
     # The server already split the query off at the first "?"; it holds no "#".
     text_query = query.decode("latin-1")
     if not text_query.isprintable() or not text_query.isascii() or "#" in text_query:
         raise UnsafePath("The query string holds characters that are not allowed.")
-    return f"{path}?{text_query}"
+    return f"?{text_query}"
 
 
 def upstream_url(root: httpx.URL, target: str) -> httpx.URL:

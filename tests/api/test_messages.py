@@ -276,11 +276,13 @@ def test_usage_is_summed_over_legs(recovering: RunningGateway) -> None:
     model = "chaos:text=20,seed=61,fault=reset,at=8,times=1"
     events = raw_events(recovering, {"model": model})
     (delta,) = [e for e in events if e["type"] == "message_delta"]
-    # Each leg pays for its prompt (10 + its messages: 1, then 2 with the prefill) and
-    # says its output: the broken leg only its message_start's 1, the second its 12
-    # text deltas (the 20 less the 8 the client had).
+    # Each leg pays for its prompt (10 + its messages: 1, then 2 with the prefill), as
+    # each reported in its message_start. Output: the second leg's 12 text deltas (the
+    # 20 less the 8 the client had), as it reported; the broken leg's, which reported
+    # only message_start's 1, estimated from its 8 deltas at the second leg's tokens
+    # per delta (gateway/recovery/usage.py): the fault-free answer's 20 in all.
     assert delta["usage"]["input_tokens"] == 11 + 12
-    assert delta["usage"]["output_tokens"] == 1 + 12
+    assert delta["usage"]["output_tokens"] == 8 + 12
 
 
 def test_an_answer_that_cannot_be_completed_ends_with_an_error_and_no_stop(
@@ -444,3 +446,24 @@ def test_an_anthropic_clients_other_requests_never_reach_the_openai_upstream(
         assert all(r.headers["x-api-key"] == "sk-ant-secret" for r in chaos.requests)
         assert [r.path for r in openai_side.requests] == ["/v1/models"]
         assert "x-api-key" not in openai_side.requests[0].headers
+
+
+def test_the_clients_query_string_goes_with_every_leg(
+    sdk: anthropic.Anthropic, chaos: ChaosUpstream
+) -> None:
+    """Claude Code calls ``/v1/messages?beta=true``: the first leg and the continuation
+    go to the same URL."""
+    model = "chaos:text=20,seed=63,fault=reset,at=8,times=1"
+    chaos.requests.clear()
+    beta = {"beta": "true"}
+    with sdk.messages.stream(
+        model=model, max_tokens=1024, messages=ASK, extra_query=beta
+    ) as stream:
+        for _ in stream:
+            pass
+        message = stream.get_final_message()
+    assert "".join(b.text for b in message.content if b.type == "text") == (
+        expected_answer(model).text
+    )
+    legs = [r for r in chaos.requests if r.path == "/v1/messages"]
+    assert [r.query for r in legs] == ["beta=true", "beta=true"]

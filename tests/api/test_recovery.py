@@ -197,14 +197,15 @@ def test_non_streaming_request_is_recovered(sdk: OpenAI) -> None:
 
 
 def test_one_usage_chunk_after_a_recovery(sdk: OpenAI) -> None:
-    # A leg that breaks never reports usage; the continuation leg's report is what the
-    # client gets (summing legs that do report is covered in tests/recovery).
+    # A leg that breaks never reports usage: it is estimated (gateway/recovery/usage.py)
+    # and summed with the continuation leg's report.
     model = "chaos:text=20,seed=30,fault=reset,at=8,times=1,usage=1"
     recovered = stream_chat(sdk, model, stream_options={"include_usage": True})
     assert recovered.text == expected_answer(model).text
     assert len(recovered.usage) == 1
-    # 20 deltas, 8 sent before the cut, and the anchor the continuation quoted back.
-    assert recovered.usage[0].completion_tokens == 12 + 1
+    # The continuation's 12 deltas and the anchor it quoted back (13, as reported), and
+    # the broken leg's 8 deltas at the continuation's one token per delta.
+    assert recovered.usage[0].completion_tokens == 8 + 12 + 1
 
 
 def test_a_finish_with_the_completed_calls_after_a_break_sends_one_usage_chunk(

@@ -385,3 +385,18 @@ def test_a_refused_prefill_continues_in_prompt_mode_and_never_masks_the_failure(
     original, refused, accepted = chaos.requests_for(model)
     assert refused.body["input"][-1]["role"] == "assistant"  # the prefill, refused with a 400
     assert accepted.body["input"][-1]["role"] == "user"  # then prompt mode, on the same leg
+
+
+def test_the_clients_query_string_goes_with_every_leg(sdk: OpenAI, chaos: ChaosUpstream) -> None:
+    """Azure-style ``?api-version=…``, or any query a client sends: on the first leg and on
+    its continuation."""
+    model = "chaos:text=20,seed=42,fault=reset,at=8,times=1"
+    chaos.requests.clear()
+    with sdk.responses.stream(
+        model=model, input="x", extra_query={"api-version": "2025-04-01-preview"}
+    ) as events:
+        for _ in events:
+            pass
+        assert events.get_final_response().output_text == expected_answer(model).text
+    legs = [r for r in chaos.requests if r.path == "/v1/responses"]
+    assert [r.query for r in legs] == ["api-version=2025-04-01-preview"] * 2

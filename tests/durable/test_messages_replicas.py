@@ -40,6 +40,7 @@ MESSAGES: list[MessageParam] = [{"role": "user", "content": "Tell me a story."}]
 MAX_TOKENS = 1024
 API_KEY = "sk-ant-owner"  # a client that sends x-api-key, not Authorization
 VERSION = {"anthropic-version": "2026-10-21"}  # not the gateway's default
+BETA = {"beta": "true"}
 
 
 @pytest.fixture
@@ -235,7 +236,11 @@ def read_then_kill(
     first: list[dict[str, Any]] = []
     with sdk(a) as client:
         raw = client.messages.with_raw_response.create(
-            model=model, max_tokens=MAX_TOKENS, messages=MESSAGES, stream=True
+            model=model,
+            max_tokens=MAX_TOKENS,
+            messages=MESSAGES,
+            stream=True,
+            extra_query=BETA,  # as Claude Code calls it
         )
         run_id = raw.headers["x-run-id"]
         stream = raw.parse()
@@ -285,6 +290,8 @@ def test_sdk_resume_on_another_replica_after_the_owner_is_killed_takes_the_run_o
     # which holds all the client had (a prefill, its trailing whitespace cut).
     original, continuation = chaos.requests_for(model)
     assert original.path == continuation.path == "/v1/messages"
+    # The query the client started the run with, kept in the run's record.
+    assert original.query == continuation.query == "beta=true"
     assert original.prefix == ""
     # The SDK's own headers went with the takeover too (the resuming client's).
     for name in ("anthropic-version", "authorization", "user-agent"):
@@ -307,7 +314,11 @@ def test_events_of_a_finished_run_replay_on_another_replica(
     a, b = anthropic_replicas.start("A", "B")
     with sdk(a) as client:
         raw = client.messages.with_raw_response.create(
-            model=model, max_tokens=MAX_TOKENS, messages=MESSAGES, stream=True
+            model=model,
+            max_tokens=MAX_TOKENS,
+            messages=MESSAGES,
+            stream=True,
+            extra_query=BETA,  # as Claude Code calls it
         )
         run_id = raw.headers["x-run-id"]
         with raw.parse() as stream:

@@ -86,16 +86,26 @@ def test_counters_after_a_clean_a_recovered_and_a_failed_stream(gateway: Running
     assert value(m, "gateway_recoveries_total", plan="continue_text", outcome="recovered") == 1
     # Both plans tried for the failed stream count as failed: the stream was not rescued.
     assert value(m, "gateway_recoveries_total", plan="continue_text", outcome="failed") == 2
-    # Tokens as the upstream reported them, per leg: the recovered stream's usage came
-    # from its continuation (leg 1); its broken first leg never reported any.
+    # Tokens by leg and source. Reported: the clean stream's (leg 0), the recovered
+    # one's continuation (leg 1). Estimated: every leg that broke before it reported.
+    reported, estimated = {"source": "reported"}, {"source": "estimated"}
+    clean_usage, recovered_usage = usage_of(clean), usage_of(recovered)
     assert (
-        value(m, "gateway_tokens_total", kind="prompt", leg="0") == usage_of(clean)["prompt_tokens"]
+        value(m, "gateway_tokens_total", kind="prompt", leg="0", **reported)
+        == (clean_usage["prompt_tokens"])
     )
-    assert value(m, "gateway_tokens_total", kind="completion", leg="0") == 8
-    assert (
-        value(m, "gateway_tokens_total", kind="prompt", leg="1")
-        == usage_of(recovered)["prompt_tokens"]
-    )
+    assert value(m, "gateway_tokens_total", kind="completion", leg="0", **reported) == 8
+    prompt_1 = value(m, "gateway_tokens_total", kind="prompt", leg="1", **reported)
+    completion_1 = value(m, "gateway_tokens_total", kind="completion", leg="1", **reported)
+    assert prompt_1 > 0 and completion_1 > 0
+    # The recovered stream's broken leg 0 and both of the failed stream's legs.
+    assert value(m, "gateway_tokens_total", kind="prompt", leg="0", **estimated) > 0
+    assert value(m, "gateway_tokens_total", kind="completion", leg="0", **estimated) > 0
+    assert value(m, "gateway_tokens_total", kind="completion", leg="1", **estimated) > 0
+    # The client's usage sums both legs: what the upstream billed for the answer's 20
+    # tokens, give or take the estimate of the broken leg.
+    assert recovered_usage["completion_tokens"] > completion_1
+    assert abs(recovered_usage["completion_tokens"] - 20) <= 2
     relayed = len(clean.content) + len(recovered.content) + len(failed.content)
     assert value(m, "gateway_relayed_bytes_total", **route) == relayed
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.upstream.target import UnsafePath, relay_target, upstream_url
+from gateway.upstream.target import UnsafePath, relay_query, relay_target, upstream_url
 
 ROOTS = ["http://vllm:8000", "https://api.deepseek.com/", "http://127.0.0.1:9000/v1"]
 
@@ -95,3 +95,12 @@ def test_no_request_target_changes_the_authority(raw: bytes, query: bytes, root:
     # What an HTTP server would read as the path has the upstream's base path in front.
     reparsed = httpx.URL(str(url))
     assert (reparsed.host, reparsed.port) == (base.host, base.port)
+
+
+def test_a_run_forwards_the_query_as_the_client_sent_it() -> None:
+    assert relay_query(b"") == ""
+    assert relay_query(b"beta=true") == "?beta=true"
+    assert relay_query(b"api-version=2024-10-21&x=%20") == "?api-version=2024-10-21&x=%20"
+    for unsafe in (b"a=\x01", b"a=\xff", b"a#b"):
+        with pytest.raises(UnsafePath):
+            relay_query(unsafe)

@@ -1,0 +1,82 @@
+"""The usage of a leg that broke: estimated, because the provider bills it all the same.
+
+A leg that broke before its usage event reported nothing (chat, Responses) or only
+its input (Messages' ``message_start``). What the gateway knows of it: the bytes of
+the request it sent, and the deltas it received (text, reasoning, tool arguments:
+what ``Adapter.delta_chars`` counts, sent to the client or not). So:
+
+- **output tokens**: the deltas received × the output tokens per delta of the run's
+  legs that reported usage (same model, same server: OpenAI-compatible servers
+  stream about one token per delta, Anthropic a few), else one token per 4
+  characters received (the usual rule of thumb for English). Per delta rather than
+  per character: a token's length varies far more than the tokens in a delta;
+- **input tokens**: what the leg reported, if it did (Messages); else the request's
+  bytes × the input tokens per request byte of the run's legs that reported, else
+  one token per 4 bytes (an overestimate for a short prompt: its JSON is mostly keys).
+
+An estimate never lowers a count the leg reported. Estimates are kept apart from
+reported usage (``RunAccumulator.estimated_by_leg``) and counted apart in the metrics
+(``gateway_tokens_total{source="estimated"}``); the client's usage sums both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(slots=True)
+class LegMeasure:
+    """What the gateway saw of one leg."""
+
+    request_bytes: int = 0
+    output_chars: int = 0
+    output_deltas: int = 0  # chunks that carried some of the answer
+    broke: bool = False  # it ended in an interruption, not with its own end
+
+
+def _rate(pairs: Iterable[tuple[int, int]]) -> float:
+    """Tokens per unit (character, byte) over ``(units, tokens)`` pairs, or the default."""
+    units = tokens = 0
+    for size, count in pairs:
+        if size > 0 and count > 0:
+            units += size
+            tokens += count
+    return tokens / units if units else 1 / CHARS_PER_TOKEN
+
+
+def estimate_usage(
+    measure: LegMeasure,
+    reported: dict[str, Any] | None,
+    complete: Sequence[tuple[LegMeasure, dict[str, Any]]],
+    counts: Sequence[str],
+) -> dict[str, int] | None:
+    """The usage of a leg that broke, in the protocol's ``counts`` (input, output, …).
+
+    ``reported``: what the leg itself reported before it broke; ``complete``: the
+    run's legs that reported their usage whole, to calibrate against.
+    """
+    if not measure.request_bytes and not measure.output_chars:
+        return None
+    input_name, output_name = counts[0], counts[1]
+    usage = {k: _count(reported, k) for k in counts}
+    if not usage[input_name]:
+        rate = _rate((m.request_bytes, _count(u, input_name)) for m, u in complete)
+        usage[input_name] = round(measure.request_bytes * rate)
+    calibration = [(m.output_deltas, _count(u, output_name)) for m, u in complete]
+    if any(deltas and tokens for deltas, tokens in calibration):
+        output = measure.output_deltas * _rate(calibration)
+    else:
+        output = measure.output_chars / CHARS_PER_TOKEN
+    usage[output_name] = max(usage[output_name], round(output))
+    if "total_tokens" in usage:
+        usage["total_tokens"] = usage[input_name] + usage[output_name]
+    return usage
+
+
+def _count(usage: dict[str, Any] | None, name: str) -> int:
+    value = usage.get(name) if usage is not None else None
+    return value if type(value) is int and value > 0 else 0

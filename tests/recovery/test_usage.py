@@ -1,0 +1,59 @@
+"""Estimating the usage of a leg that broke (pure)."""
+
+from __future__ import annotations
+
+from gateway.recovery.accumulator import RunAccumulator
+from gateway.recovery.usage import LegMeasure, estimate_usage
+
+CHAT = ("prompt_tokens", "completion_tokens", "total_tokens")
+MESSAGES = ("input_tokens", "output_tokens")
+
+
+def test_calibrated_on_the_legs_that_reported() -> None:
+    broken = LegMeasure(request_bytes=400, output_chars=90, output_deltas=30, broke=True)
+    reported = LegMeasure(request_bytes=500, output_chars=200, output_deltas=50)
+    usage = {"prompt_tokens": 100, "completion_tokens": 100, "total_tokens": 200}
+    # 2 tokens per delta and 0.2 per request byte, as the reporting leg showed.
+    assert estimate_usage(broken, None, [(reported, usage)], CHAT) == {
+        "prompt_tokens": 80,
+        "completion_tokens": 60,
+        "total_tokens": 140,
+    }
+
+
+def test_without_a_leg_that_reported_four_characters_or_bytes_a_token() -> None:
+    broken = LegMeasure(request_bytes=400, output_chars=90, output_deltas=30, broke=True)
+    assert estimate_usage(broken, None, [], CHAT) == {
+        "prompt_tokens": 100,
+        "completion_tokens": 22,
+        "total_tokens": 122,
+    }
+
+
+def test_what_the_leg_reported_is_kept_and_never_lowered() -> None:
+    # Messages: message_start said the input (and output 1) before the leg broke.
+    broken = LegMeasure(request_bytes=400, output_chars=40, output_deltas=10, broke=True)
+    usage = estimate_usage(broken, {"input_tokens": 11, "output_tokens": 1}, [], MESSAGES)
+    assert usage == {"input_tokens": 11, "output_tokens": 10}
+    # A report larger than the estimate (a usage chunk, then a reset) stands.
+    usage = estimate_usage(broken, {"input_tokens": 11, "output_tokens": 50}, [], MESSAGES)
+    assert usage == {"input_tokens": 11, "output_tokens": 50}
+
+
+def test_a_leg_that_sent_and_received_nothing_has_no_estimate() -> None:
+    assert estimate_usage(LegMeasure(broke=True), None, [], CHAT) is None
+
+
+def test_the_accumulator_sums_reported_and_estimated_and_keeps_them_apart() -> None:
+    accumulator = RunAccumulator()
+    broken = accumulator.measure(0)
+    broken.request_bytes, broken.output_chars, broken.output_deltas = 100, 40, 8
+    broken.broke = True
+    last = accumulator.measure(1)
+    last.request_bytes, last.output_chars, last.output_deltas = 120, 60, 12
+    accumulator.set_usage(1, {"prompt_tokens": 12, "completion_tokens": 12, "total_tokens": 24})
+    assert accumulator.usage_by_leg == {1: accumulator.usage_by_leg[1]}  # reported only
+    assert accumulator.estimated_by_leg == {
+        0: {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}
+    }
+    assert accumulator.usage == {"prompt_tokens": 22, "completion_tokens": 20, "total_tokens": 42}
