@@ -61,7 +61,7 @@ from gateway.recovery.throughput import ThroughputGuard
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import SSEDecoder, event_stream
-from gateway.upstream.transport import whole
+from gateway.upstream.transport import shorten_read_timeout, whole
 
 logger = logging.getLogger("gateway.run")
 
@@ -89,9 +89,9 @@ async def _drain(rest: AsyncIterator[bytes]) -> None:
 
 
 def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
-    """Reasoning models think silently for long stretches: their idle timeout doubles.
-    So do requests that ask for it: ``reasoning_effort`` (chat), ``reasoning``
-    (Responses), ``thinking`` on (Messages)."""
+    """Reasoning models think silently for long stretches: their idle timeout doubles
+    until they answer (``Run._relay``). So do requests that ask for it:
+    ``reasoning_effort`` (chat), ``reasoning`` (Responses), ``thinking`` on (Messages)."""
     if body.get("reasoning_effort") is not None or body.get("reasoning") is not None:
         return True
     thinking = body.get("thinking")
@@ -215,6 +215,9 @@ class Run:
         return bytes(memoryview(orjson.dumps(body)))
 
     def idle_timeout(self, leg: ResolvedLeg) -> float:
+        """The longest silence a leg's stream may keep before it counts as stalled, while
+        its model may be thinking silently: doubled for a reasoning request, until the
+        answer itself (text, tool arguments) flows, then the route's idle (``_relay``)."""
         idle = leg.timeouts.idle  # the route's, where it sets one; else the upstream's
         return 2 * idle if is_reasoning_request(self._body, leg.model) else idle
 
@@ -513,6 +516,9 @@ class Run:
         parse, delta_chars = adapter.parse_event, adapter.delta_chars
         measure = accumulator.measure(splicer.leg)
         measure.request_bytes = self._request_bytes
+        # The doubled idle of a model that may think silently, until the answer flows.
+        idle = self.leg.timeouts.idle
+        thinking = self.idle_timeout(self.leg) > idle
         received = False
         clock = asyncio.get_running_loop().time
         guard: ThroughputGuard | None = None
@@ -534,6 +540,9 @@ class Run:
                                 measure.output_chars += added
                                 measure.output_deltas += 1
                             slow = guard is not None and guard.add(added, clock())
+                            if thinking and adapter.answers(event):
+                                thinking = False
+                                shorten_read_timeout(self._response, idle)
                             out = splicer.feed(event)
                             if out is not None:
                                 if self._awaiting_content and accumulator.text_chars:

@@ -81,6 +81,11 @@ class Adapter(ABC):
         """Characters a chunk adds to the answer (text, reasoning, arguments)."""
 
     @abstractmethod
+    def answers(self, chunk: Chunk) -> bool:
+        """Whether ``chunk`` is part of the answer itself (text, a refusal, tool-call
+        arguments), not reasoning: from then on the model is not thinking silently."""
+
+    @abstractmethod
     def new_accumulator(self) -> RunAccumulator: ...
 
     @abstractmethod

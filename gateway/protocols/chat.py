@@ -154,6 +154,13 @@ class ChatAdapter(Adapter):
     def delta_chars(self, chunk: Chunk) -> int:
         return delta_chars(chunk.obj)
 
+    def answers(self, chunk: Chunk) -> bool:
+        choices = chunk.obj.get("choices")
+        delta = choices[0].get("delta") if type(choices) is list and choices else None
+        if type(delta) is not dict:
+            return False
+        return bool(delta.get("content") or delta.get("tool_calls") or delta.get("refusal"))
+
     def new_accumulator(self) -> RunAccumulator:
         return RunAccumulator()
 

@@ -65,6 +65,10 @@ def parse_event(data: bytes) -> Event:
     return event
 
 
+# The deltas of the answer itself: after these, no silent thinking is expected.
+ANSWER_DELTAS = frozenset({"text_delta", "input_json_delta", "citations_delta"})
+
+
 def delta_chars(chunk: Chunk) -> int:
     delta = chunk.obj.get("delta")
     if type(delta) is dict:
@@ -103,6 +107,10 @@ class MessagesAdapter(Adapter):
 
     def delta_chars(self, chunk: Chunk) -> int:
         return delta_chars(chunk)
+
+    def answers(self, chunk: Chunk) -> bool:
+        delta = chunk.obj.get("delta")
+        return type(delta) is dict and delta.get("type") in ANSWER_DELTAS
 
     def new_accumulator(self) -> MessagesAccumulator:
         return MessagesAccumulator()

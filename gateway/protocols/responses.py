@@ -71,6 +71,16 @@ def delta_chars(chunk: Chunk) -> int:
     return 0
 
 
+# What a model sends once it answers: after these, no silent thinking is expected.
+ANSWER_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+
+
 # -- continuation ----------------------------------------------------------------------
 
 
@@ -121,6 +131,9 @@ class ResponsesAdapter(Adapter):
 
     def delta_chars(self, chunk: Chunk) -> int:
         return delta_chars(chunk)
+
+    def answers(self, chunk: Chunk) -> bool:
+        return chunk.obj.get("type") in ANSWER_DELTAS
 
     def new_accumulator(self) -> ResponsesAccumulator:
         return ResponsesAccumulator()

@@ -512,6 +512,21 @@ class _Connection(asyncio.Protocol):
         self.close()
 
 
+def shorten_read_timeout(response: httpx.Response, seconds: float) -> bool:
+    """From now on, fail ``response`` (this engine's only) once nothing arrived for
+    ``seconds``; False if its engine cannot (httpx's and aiohttp's set theirs per request)."""
+    body = response.stream
+    if type(body) is not _Body or body._connection is None:
+        return False
+    connection = body._connection
+    connection._read_timeout = seconds
+    if connection._timer is not None:  # armed for the longer wait: again for this one
+        connection._timer.cancel()
+        connection._timer = None
+        connection._arm()
+    return True
+
+
 def whole(response: httpx.Response) -> bool:
     """Whether the whole of ``response``'s body has arrived (this engine's responses
     only): what is left of it can be let go without reading, nor waiting."""
