@@ -26,6 +26,15 @@ Anthropic's shape. In-band faults there: ``error`` an ``overloaded_error`` event
 ``error_fatal`` an ``invalid_request_error`` one, ``error_done`` an ``api_error``
 then ``message_stop``, ``finish_error`` an ``api_error``; ``no_finish`` ends without
 ``message_delta``/``message_stop``; ``malformed`` inserts a non-JSON delta event.
+
+What an agent sends back on its next turn is checked as the providers check it: a
+``thinking`` block must carry the signature its response gave for its text
+(``messages.refused_thinking``); with ``store: false``, a Responses ``reasoning`` item
+must carry the ``encrypted_content`` its response gave (asked for with ``include:
+["reasoning.encrypted_content"]``), and a ``function_call_output`` must answer a call
+of the same input (``responses.refused_items``). A conversation that ends with tool
+results is a new turn, answered in text (``answer.ends_in_tool_results``): an agent's
+tool loop ends.
 """
 
 from __future__ import annotations

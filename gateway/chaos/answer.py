@@ -272,6 +272,24 @@ def assistant_prefix(body: dict[str, Any]) -> str:
     return prefix
 
 
+def ends_in_tool_results(body: dict[str, Any]) -> bool:
+    """Whether a request's conversation ends with the results of the tools the model
+    called (chat's ``tool`` message, a Responses ``function_call_output`` item, a Messages
+    ``tool_result`` block): a new turn, not a continuation, which a model answers in
+    text, having what it asked for. So an agent's tool loop ends."""
+    messages = turns(body)
+    if not messages or not isinstance(messages[-1], dict):
+        return False
+    last = messages[-1]
+    kind = last.get("type")
+    if _role(last) == "tool" or (isinstance(kind, str) and kind.endswith("_call_output")):
+        return True
+    content = last.get("content")
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and block.get("type") == "tool_result" for block in content
+    )
+
+
 def ends_in_prefill(body: dict[str, Any]) -> bool:
     """Whether a request ends with an assistant message for the model to continue."""
     messages = turns(body)

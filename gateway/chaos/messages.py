@@ -161,6 +161,32 @@ def thinking_signature(number: int, reasoning: str) -> str:
     return f"sig_{number}_{hashlib.sha256(reasoning.encode()).hexdigest()[:16]}"
 
 
+def refused_thinking(body: dict[str, Any]) -> str | None:
+    """Why Anthropic would refuse the thinking blocks sent back in ``messages``, or None:
+    a ``thinking`` block must carry the signature its response gave for its text (a
+    block cut short, or without its signature, cannot be verified)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    for at, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or message.get("role") != "assistant":
+            continue
+        for index, block in enumerate(content):
+            if not isinstance(block, dict) or block.get("type") != "thinking":
+                continue
+            signature, thinking = block.get("signature"), block.get("thinking")
+            parts = signature.split("_") if isinstance(signature, str) else []
+            number = parts[1] if len(parts) > 2 else ""
+            if (
+                not number.isdigit()
+                or not isinstance(thinking, str)
+                or signature != (thinking_signature(int(number), thinking))
+            ):
+                return f"messages.{at}.content.{index}: Invalid `signature` in `thinking` block"
+    return None
+
+
 def message_id(number: int) -> str:
     return f"msg_chaos_{number}"
 

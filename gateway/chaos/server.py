@@ -39,6 +39,7 @@ from gateway.chaos.answer import (
     chat_plan,
     echo_of,
     ends_in_prefill,
+    ends_in_tool_results,
     legacy_plan,
     script_for,
     turns,
@@ -259,7 +260,7 @@ class ChaosUpstream:
         (None: the script's own), recorded on ``recorded``."""
         script = script_for(spec)
         legacy = recorded.path == "/v1/completions"
-        if legacy:
+        if legacy or ends_in_tool_results(payload):
             prefix = ""
         elif recorded.path == "/v1/messages":  # a trailing assistant message is a prefill
             prefix = messages.messages_prefix(payload)
@@ -289,6 +290,8 @@ class ChaosUpstream:
             spec = parse_spec(request.headers.get("x-chaos", model))
         except ValueError as exc:
             return await _reply_error(writer, request, 400, str(exc), "invalid_chaos_spec")
+        if ends_in_tool_results(payload):  # it has what it asked for: it answers in text
+            spec = dataclasses.replace(spec, tools=0)
         if not spec.prefill and ends_in_prefill(payload):
             # As Anthropic's Claude 4.6+ and some OpenAI-compatible servers answer.
             message = (
@@ -299,6 +302,8 @@ class ChaosUpstream:
         if request.path == "/v1/messages" and (refusal := messages.prefill_error(payload)):
             return await _reply_error(writer, request, 400, refusal)
         if request.path == "/v1/responses" and (refusal := responses.refused_items(payload)):
+            return await _reply_error(writer, request, 400, refusal)
+        if request.path == "/v1/messages" and (refusal := messages.refused_thinking(payload)):
             return await _reply_error(writer, request, 400, refusal)
         recorded.attempt = self._counts.take_attempt(spec)
         fault = self._counts.take_fault(spec)

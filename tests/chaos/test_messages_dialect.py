@@ -612,7 +612,11 @@ def _prompt_messages(prefix: str, anchor: str = "", blocks: bool = False) -> lis
     prompt = CONTINUE + (f" Repeat <<<{anchor}>>>" if anchor else "")
     content: Any = prefix
     if blocks:  # as the SDK echoes an answer back: its thinking block, then its text
-        thinking = {"type": "thinking", "thinking": "hmm", "signature": "sig"}
+        thinking = {
+            "type": "thinking",
+            "thinking": "hmm",
+            "signature": thinking_signature(1, "hmm"),
+        }
         content = [
             thinking,
             {"type": "text", "text": prefix[:3]},
@@ -624,7 +628,11 @@ def _prompt_messages(prefix: str, anchor: str = "", blocks: bool = False) -> lis
 def _prefill(prefix: str, blocks: bool = False) -> list[Any]:
     content: Any = prefix
     if blocks:
-        thinking = {"type": "thinking", "thinking": "hmm", "signature": "sig"}
+        thinking = {
+            "type": "thinking",
+            "thinking": "hmm",
+            "signature": thinking_signature(1, "hmm"),
+        }
         content = [thinking, {"type": "text", "text": prefix}]
     return [USER, {"role": "assistant", "content": content}]
 
@@ -842,3 +850,42 @@ def test_sample_says_other_text_on_every_request(
     ]
     document = post_json(client, spec, _prompt_messages(prefix)).json()
     assert document["content"] == [{"type": "text", "text": sampled_answer(spec, 2, prefix)}]
+
+
+# --- the next turn: what Anthropic checks of what comes back ---------------------------------
+
+
+def test_the_next_turn_with_tool_results_is_answered_in_text(client: httpx.Client) -> None:
+    spec = "chaos:text=4,reasoning=2,tools=1"
+    first = post_json(client, spec, [USER]).json()
+    (call,) = [block for block in first["content"] if block["type"] == "tool_use"]
+    result = {"type": "tool_result", "tool_use_id": call["id"], "content": "42"}
+    turn = [USER, {"role": "assistant", "content": first["content"]}]
+    turn.append({"role": "user", "content": [result]})
+    again = post_json(client, spec, turn)
+    assert again.status_code == 200, again.text
+    # Not a continuation of the first turn's text: a new answer, the tools' loop ended.
+    answer = again.json()
+    assert [block["type"] for block in answer["content"]] == ["thinking", "text"]
+    assert answer["stop_reason"] == "end_turn"
+
+
+@pytest.mark.parametrize("change", ["truncated", "unsigned", "forged"])
+def test_a_thinking_block_that_cannot_be_verified_is_refused(
+    client: httpx.Client, change: str
+) -> None:
+    first = post_json(client, "chaos:text=4,reasoning=3", [USER]).json()
+    thinking = first["content"][0]
+    assert thinking["type"] == "thinking"
+    if change == "truncated":  # as a block cut mid-stream would be
+        thinking["thinking"] = thinking["thinking"][:-2]
+    elif change == "unsigned":
+        thinking["signature"] = ""
+    else:
+        thinking["signature"] = "sig_1_0000"
+    turn = [USER, {"role": "assistant", "content": first["content"]}, USER]
+    refused = post_json(client, "chaos:text=2", turn)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == (
+        "messages.1.content.0: Invalid `signature` in `thinking` block"
+    )

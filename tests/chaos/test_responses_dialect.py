@@ -681,3 +681,17 @@ def test_non_streaming_faults(client: httpx.Client) -> None:
         client.post("/responses", json={"model": "chaos:fault=reset", "input": "hi"})
     with pytest.raises(httpx.RemoteProtocolError, match="without sending complete message body"):
         client.post("/responses", json={"model": "chaos:fault=close", "input": "hi"})
+
+
+def test_the_next_turn_with_function_call_outputs_is_answered_in_text(
+    sdk: openai.OpenAI,
+) -> None:
+    spec = "chaos:text=4,reasoning=2,tools=1"
+    first = agent_turn(sdk, spec, [USER])
+    output = [item.model_dump(exclude_none=True) for item in first.output]
+    (call,) = [item for item in output if item["type"] == "function_call"]
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": "42"}
+    again = agent_turn(sdk, spec, [USER, *output, result])
+    # A new answer in text: the agent's tool loop ends.
+    assert [item.type for item in again.output] == ["reasoning", "message"]
+    assert again.output_text == expected_answer(spec.replace("tools=1", "tools=0")).text
