@@ -1,0 +1,387 @@
+"""Codex CLI and Claude Code through the gateway, in front of the chaos upstream.
+
+Installs the pinned ``@openai/codex`` and ``@anthropic-ai/claude-code`` (package.json,
+package-lock.json) into a scratch prefix, starts the chaos upstream and a gateway,
+and runs ``codex exec`` (its own stream retries off) and ``claude -p`` (its
+non-streaming fallback off) with a scratch ``HOME``: first fault-free, then through
+each fault of ``FAULTS``, comparing what the agent ended with (its reasoning, its
+messages, the tool call it ran) with the fault-free run's, and that it made no more
+requests than the fault-free run did (no retry of its own); then a second turn
+(``codex exec resume --last``, ``claude -p --continue``), which sends the first
+turn's items back to the upstream, which checks them as the providers do (encrypted
+reasoning, signed thinking: ``gateway/chaos/__init__.py``).
+
+Prints one JSON line per run and exits 1 if any differs or fails. Usage::
+
+    .venv/bin/python scripts/agent-cli-check/check.py [--prefix DIR] [--only codex|claude]
+
+``--prefix``: where the CLIs are installed (default: a cache directory named after
+the lockfile's hash, reused by later runs); ``npm`` and ``node`` must be on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.chaos import expected_answer
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+GATEWAY = ROOT / ".venv" / "bin" / "resumable-gateway"
+# One answer shape for every run: reasoning (6 deltas), text (40), one tool call (4
+# argument deltas); ``at`` counts those deltas in that order.
+ANSWER = "text=40,reasoning=6,tools=1,arg_deltas=4"
+FAULTS = {
+    "reset mid-text": "fault=reset,at=20",
+    "in-band error mid-text": "fault=error,at=25",
+    "stall mid-text": "fault=stall,at=15,stall_s=60",
+    "break inside reasoning": "fault=reset,at=3",
+    "cut tool call": "fault=reset,at=48",
+}
+SEEDS = {"codex": 81, "claude": 82}
+SECOND_TURN = "And then?"
+RUN_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def wait_for(url: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+# -- the CLIs --------------------------------------------------------------------------
+
+
+def install(prefix: Path | None) -> Path:
+    """The pinned CLIs installed (``npm ci``) in ``prefix``, or in the cache; its path."""
+    lock = (HERE / "package-lock.json").read_bytes()
+    if prefix is None:
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        prefix = cache / "resumable-gateway" / f"agent-clis-{hashlib.sha256(lock).hexdigest()[:12]}"
+    marker = prefix / "node_modules" / ".package-lock.json"
+    if not marker.is_file():
+        prefix.mkdir(parents=True, exist_ok=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copyfile(HERE / name, prefix / name)
+        npm = shutil.which("npm")
+        if npm is None:
+            raise SystemExit("npm is not on PATH")
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=prefix,
+            check=True,
+            timeout=600,
+        )
+    return prefix / "node_modules" / ".bin"
+
+
+@dataclass
+class Turn:
+    """What an agent ended a turn with, as a comparable transcript."""
+
+    ok: bool
+    transcript: list[Any]
+    final: str
+    requests: int  # to the gateway
+    detail: str = ""
+
+
+def codex_transcript(stdout: str) -> tuple[list[Any], str]:
+    items: list[Any] = []
+    final = ""
+    for line in stdout.splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        item = event.get("item") or {}
+        if event.get("type") == "item.completed" and item.get("type") != "error":
+            items.append([item.get("type"), item.get("text")])
+            if item.get("type") == "agent_message":
+                final = item.get("text") or ""
+    return items, final
+
+
+def claude_transcript(stdout: str) -> tuple[list[Any], str]:
+    items: list[Any] = []
+    final = ""
+    for line in stdout.splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        if event.get("type") == "result":
+            final = event.get("result") or ""
+        if event.get("type") != "assistant":
+            continue
+        for block in event["message"]["content"]:
+            kind = block.get("type")
+            if kind == "thinking":
+                items.append(["thinking", block.get("thinking")])
+            elif kind == "text":
+                items.append(["text", block.get("text")])
+            elif kind == "tool_use":
+                items.append(["tool_use", block.get("name"), block.get("input")])
+    return items, final
+
+
+class Agents:
+    """The two CLIs, each with its scratch HOME, pointed at the gateway."""
+
+    def __init__(self, bin_dir: Path, gateway: str, home: Path) -> None:
+        self.bin = bin_dir
+        self.gateway = gateway
+        self.home = home
+        self.work = home / "work"
+        self.work.mkdir(parents=True)
+        codex_home = home / ".codex"
+        codex_home.mkdir()
+        (codex_home / "config.toml").write_text(
+            'model_provider = "gateway"\n'
+            'model_reasoning_summary = "auto"\n'
+            "[model_providers.gateway]\n"
+            'name = "gateway"\n'
+            f'base_url = "{gateway}/v1"\n'
+            'wire_api = "responses"\n'
+            'env_key = "GATEWAY_CLIENT_KEY"\n'
+            "stream_max_retries = 0\n"
+            "request_max_retries = 0\n"
+        )
+
+    def env(self, **extra: str) -> dict[str, str]:
+        keep = ("PATH", "LANG", "TERM", "SSL_CERT_FILE", "TMPDIR")
+        env = {k: v for k, v in os.environ.items() if k in keep}
+        return env | {"HOME": str(self.home), "NO_PROXY": "127.0.0.1,localhost"} | extra
+
+    def codex(self, model: str, *, resume: bool = False) -> tuple[int, str, str]:
+        command = [str(self.bin / "codex"), "exec"]
+        if resume:
+            command += ["resume", "--last"]
+        command += ["--json", "--skip-git-repo-check", "-c", f'model="{model}"']
+        command.append(SECOND_TURN if resume else "Tell me, and use your tool.")
+        env = self.env(CODEX_HOME=str(self.home / ".codex"), GATEWAY_CLIENT_KEY="k")
+        return self._run(command, env)
+
+    def claude(self, model: str, *, resume: bool = False) -> tuple[int, str, str]:
+        command = [str(self.bin / "claude"), "-p", "--output-format", "stream-json", "--verbose"]
+        command += ["--model", model]
+        if resume:
+            command.append("--continue")
+        command.append(SECOND_TURN if resume else "Tell me, and use your tool.")
+        env = self.env(
+            ANTHROPIC_BASE_URL=self.gateway,
+            ANTHROPIC_API_KEY="k",
+            # Its small-model requests (titles, summaries) elsewhere: a spec string of its
+            # own, so the faulted one counts only the answer's requests (times=1).
+            ANTHROPIC_DEFAULT_HAIKU_MODEL="chaos:text=3,seed=99",
+            CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK="1",
+            CLAUDE_CODE_MAX_RETRIES="0",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+            DISABLE_AUTOUPDATER="1",
+        )
+        return self._run(command, env)
+
+    def _run(self, command: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+        try:
+            done = subprocess.run(
+                command,
+                cwd=self.work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=RUN_TIMEOUT,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return -1, "", f"no answer within {RUN_TIMEOUT:.0f} s (hung)"
+        return done.returncode, done.stdout, done.stderr
+
+
+# -- the servers -------------------------------------------------------------------------
+
+
+def gateway_config(chaos: int) -> str:
+    timeouts = "{connect: 2, first_byte: 10, idle: 2}"
+    retry = "{backoff_initial: 0.05, backoff_max: 0.2, idle_retry_delay: 0.05}"
+    return f"""
+upstreams:
+  - name: chaos
+    base_url: http://127.0.0.1:{chaos}/v1
+    timeouts: {timeouts}
+  - name: chaos-anthropic
+    kind: anthropic
+    base_url: http://127.0.0.1:{chaos}
+    timeouts: {timeouts}
+routes:
+  - {{match: "*", upstream: chaos, retry: {retry}}}
+  - {{match: "*", upstream: chaos-anthropic, retry: {retry}}}
+"""
+
+
+@dataclass
+class Servers:
+    gateway: str
+    chaos: str
+
+    def upstream_requests(self, model: str) -> list[dict[str, Any]]:
+        """The requests the chaos upstream received for ``model``, in order."""
+        with urllib.request.urlopen(f"{self.chaos}/v1/_chaos/requests", timeout=5) as answer:
+            recorded: list[dict[str, Any]] = json.loads(answer.read())
+        return [
+            r for r in recorded if isinstance(r["body"], dict) and r["body"].get("model") == model
+        ]
+
+
+@contextlib.contextmanager
+def servers(scratch: Path) -> Iterator[Servers]:
+    """The chaos upstream and a gateway in front of it."""
+    chaos_port, gateway_port = free_port(), free_port()
+    config = scratch / "gateway.yaml"
+    config.write_text(gateway_config(chaos_port))
+    log = (scratch / "servers.log").open("w")
+    env = os.environ | {"NO_PROXY": "127.0.0.1,localhost"}
+    processes = [
+        subprocess.Popen(
+            [str(GATEWAY), "chaos-upstream", "--port", str(chaos_port)], stdout=log, stderr=log
+        ),
+        subprocess.Popen(
+            [str(GATEWAY), "serve", "--config", str(config), "--port", str(gateway_port)],
+            stdout=log,
+            stderr=log,
+            env=env,
+        ),
+    ]
+    try:
+        url = f"http://127.0.0.1:{gateway_port}"
+        wait_for(f"{url}/readyz")
+        yield Servers(url, f"http://127.0.0.1:{chaos_port}")
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+        log.close()
+
+
+def client_requests(gateway: str) -> int:
+    """Requests the gateway has answered so far (its /metrics)."""
+    with urllib.request.urlopen(f"{gateway}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("gateway_requests_total{") and 'method="POST"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+# -- the check ---------------------------------------------------------------------------
+
+
+def turn(
+    servers: Servers,
+    run: Callable[..., tuple[int, str, str]],
+    transcript: Callable[[str], tuple[list[Any], str]],
+    model: str,
+    *,
+    resume: bool = False,
+) -> Turn:
+    before = client_requests(servers.gateway)
+    code, stdout, stderr = run(model, resume=resume)
+    requests = client_requests(servers.gateway) - before
+    items, final = transcript(stdout)
+    detail = "" if code == 0 else (stderr.strip().splitlines() or [f"exit {code}"])[-1]
+    return Turn(code == 0 and bool(final), items, final, requests, detail[:300])
+
+
+def sent_back(agent: str, request: dict[str, Any]) -> int:
+    """The items of the first turn's two responses a request sends back to the upstream:
+    Codex's reasoning items, each with its encrypted_content; Claude Code's assistant
+    messages (it keeps their text and tool uses, and drops thinking blocks from its
+    history; any it sent would need their signature, which the upstream checks)."""
+    body = request["body"]
+    if agent == "codex":
+        return sum(
+            1
+            for item in body.get("input", [])
+            if item.get("type") == "reasoning" and item.get("encrypted_content")
+        )
+    return sum(1 for message in body.get("messages", []) if message.get("role") == "assistant")
+
+
+def check(agent: str, agents: Agents, servers: Servers) -> bool:
+    run = agents.codex if agent == "codex" else agents.claude
+    transcript = codex_transcript if agent == "codex" else claude_transcript
+    answer = f"chaos:{ANSWER},seed={SEEDS[agent]}"
+    clean = turn(servers, run, transcript, answer)
+    report(agent, "fault-free", clean.ok, clean, len(servers.upstream_requests(answer)))
+    passed = clean.ok
+    for number, (name, fault) in enumerate(FAULTS.items()):
+        model = f"{answer},{fault},times=1"
+        first = turn(servers, run, transcript, model)
+        # Whole: the same reasoning, messages and tool call as without the fault, and no
+        # request more from the agent (no retry of its own: the gateway recovered).
+        same = first.transcript == clean.transcript and first.requests == clean.requests
+        upstream = len(servers.upstream_requests(model))
+        report(agent, name, first.ok and same, first, upstream)
+        # The next turn sends this turn's items back, and the upstream must accept them.
+        again = f"chaos:text=8,seed={SEEDS[agent] * 100 + number}"
+        second = turn(servers, run, transcript, again, resume=True)
+        [request] = servers.upstream_requests(again) or [{"body": {}}]
+        accepted = second.final.strip() == expected_answer(again).text.strip()
+        returned = sent_back(agent, request) >= 2  # both of the first turn's responses
+        report(agent, f"{name}, next turn", second.ok and accepted and returned, second, 1)
+        passed = passed and first.ok and same and second.ok and accepted and returned
+    return passed
+
+
+def report(agent: str, scenario: str, ok: bool, result: Turn, upstream: int) -> None:
+    line = {
+        "agent": agent,
+        "scenario": scenario,
+        "ok": ok,
+        "agent_requests": result.requests,
+        "upstream_requests": upstream,
+    }
+    if not ok:
+        line |= {"final": result.final[:200], "detail": result.detail}
+    print(json.dumps(line, ensure_ascii=False), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefix", type=Path, help="where to install the CLIs")
+    parser.add_argument("--only", choices=["codex", "claude"])
+    args = parser.parse_args()
+    bin_dir = install(args.prefix)
+    with tempfile.TemporaryDirectory(prefix="agent-cli-check-") as scratch:
+        with servers(Path(scratch)) as running:
+            agents = Agents(bin_dir, running.gateway, Path(scratch) / "home")
+            names = [args.only] if args.only else ["codex", "claude"]
+            results = [check(name, agents, running) for name in names]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Codex CLI and Claude Code through the gateway: ``scripts/agent-cli-check/check.py``.
+
+The check installs the pinned CLIs (``npm ci``, cached by lockfile), starts the chaos
+upstream and a gateway, and runs each CLI with its own retries off through a reset, an
+in-band error, a stall, a break inside reasoning and a cut tool call: each run must
+end as the fault-free one does (same reasoning, messages and tool call, no extra
+request from the agent), and its next turn, which sends the first turn's items back to
+an upstream that checks them as the providers do, must be answered.
+
+Needs ``node`` and ``npm`` on PATH; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+CHECK = Path(__file__).resolve().parent.parent / "scripts" / "agent-cli-check" / "check.py"
+AGENTS = ("codex", "claude")
+SCENARIOS = 1 + 2 * 5  # fault-free, then each fault and its next turn
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("node") is None or shutil.which("npm") is None,
+    reason="needs node and npm on PATH (to install and run Codex CLI and Claude Code)",
+)
+
+
+@pytest.mark.timeout(900)
+def test_codex_and_claude_code_get_the_fault_free_answer_and_their_next_turn_is_accepted() -> None:
+    done = subprocess.run(
+        [sys.executable, str(CHECK)], capture_output=True, text=True, timeout=840, check=False
+    )
+    lines = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    failed = [line for line in lines if not line["ok"]]
+    assert done.returncode == 0 and not failed, f"{failed}\n{done.stderr[-2000:]}"
+    for agent in AGENTS:
+        runs = [line for line in lines if line["agent"] == agent]
+        assert len(runs) == SCENARIOS
+        clean = runs[0]
+        assert clean["scenario"] == "fault-free"
+        for run in runs[1:]:
+            if run["scenario"].endswith("next turn"):
+                assert run["agent_requests"] == 1
+            else:  # the fault reached the gateway, which made one more upstream request
+                assert run["upstream_requests"] == clean["upstream_requests"] + 1
+                assert run["agent_requests"] == clean["agent_requests"]
