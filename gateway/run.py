@@ -61,7 +61,7 @@ from gateway.recovery.throughput import ThroughputGuard
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import SSEDecoder, event_stream
-from gateway.upstream.transport import shorten_read_timeout, whole
+from gateway.upstream.transport import set_read_timeout, whole
 
 logger = logging.getLogger("gateway.run")
 
@@ -130,8 +130,8 @@ class Run:
         self.accumulator = adapter.new_accumulator()
         self.splicer = adapter.splicer(self.accumulator, body)
         self._body = body
-        # The client's query string (``?beta=true``), checked (``relay_query``): every leg
-        # and continuation goes to the adapter's path with it, as the client asked.
+        # The client's query string (``?beta=true``), checked, credentials left out
+        # (``run_query``): every leg and continuation goes to the adapter's path with it.
         self.query = query
         self._path = adapter.path + query
         self._client_authorization = client_authorization
@@ -431,7 +431,10 @@ class Run:
                     failure = interrupted
                     await self.aclose()
             self.last_cause = failure.cause
-            self.accumulator.measure(self.splicer.leg).broke = True  # its usage: estimated
+            if not (self.splicer.finished and self.splicer.leg in self.accumulator.usage_by_leg):
+                # Broke before it reported its usage: estimated (a break after the answer's
+                # end and its usage, before the body's, costs nothing more).
+                self.accumulator.measure(self.splicer.leg).broke = True
             if self.on_interrupted is not None:
                 self.on_interrupted()
             self.splicer.end_leg()
@@ -516,9 +519,10 @@ class Run:
         parse, delta_chars = adapter.parse_event, adapter.delta_chars
         measure = accumulator.measure(splicer.leg)
         measure.request_bytes = self._request_bytes
-        # The doubled idle of a model that may think silently, until the answer flows.
-        idle = self.leg.timeouts.idle
-        thinking = self.idle_timeout(self.leg) > idle
+        # A reasoning request's doubled idle while its model may think silently: until
+        # the answer flows, and again from a new reasoning item or thinking block.
+        idle, thinking_idle = self.leg.timeouts.idle, self.idle_timeout(self.leg)
+        reasoning = thinking = thinking_idle > idle
         received = False
         clock = asyncio.get_running_loop().time
         guard: ThroughputGuard | None = None
@@ -540,9 +544,13 @@ class Run:
                                 measure.output_chars += added
                                 measure.output_deltas += 1
                             slow = guard is not None and guard.add(added, clock())
-                            if thinking and adapter.answers(event):
-                                thinking = False
-                                shorten_read_timeout(self._response, idle)
+                            if reasoning:
+                                if thinking and adapter.answers(event):
+                                    thinking = False
+                                    set_read_timeout(self._response, idle)
+                                elif not thinking and adapter.thinks(event):
+                                    thinking = True
+                                    set_read_timeout(self._response, thinking_idle)
                             out = splicer.feed(event)
                             if out is not None:
                                 if self._awaiting_content and accumulator.text_chars:

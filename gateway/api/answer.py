@@ -24,7 +24,7 @@ from gateway.recovery.classify import RETRYABLE_STATUSES
 from gateway.run import Run
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedRoute
-from gateway.upstream.target import relay_query
+from gateway.upstream.target import run_query
 
 # On an error the gateway already retried: SDKs (openai, anthropic) that honour it do
 # not retry on top, so a client's retries never multiply the gateway's (no storm).
@@ -41,7 +41,7 @@ class Asked:
     body: dict[str, Any]  # without the gateway's own fields
     client_authorization: str | None
     started: float
-    query: str  # the client's query string, checked, as it goes upstream ("" or "?…")
+    query: str  # the client's query string as it goes upstream ("" or "?…": run_query)
 
 
 async def asked(request: Request, adapter: Adapter) -> Asked | Response:
@@ -53,7 +53,7 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
     resumed = request.headers.get("x-run-id")
     if resumed is not None:
         return await resume_stream(request, gateway, resumed)
-    query = relay_query(request.scope["query_string"])
+    query = run_query(request.scope["query_string"])
     body = await gateway.read_json(request)
     route = gateway.router.resolve(body.get("model"), adapter.name)
     request_log().route = route.name

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import orjson
@@ -46,7 +46,7 @@ class RunRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> RunRecord:
-        return cls(**orjson.loads(raw))
+        return cls(**_known(cls, orjson.loads(raw)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class RunState:
 
     @classmethod
     def decode(cls, raw: bytes) -> RunState:
-        data = orjson.loads(raw)
+        data = _known(cls, orjson.loads(raw))
         data["in_flight"] = [InFlightCall(**call) for call in data.get("in_flight", [])]
         return cls(**data)
 
@@ -123,6 +123,13 @@ class Applied(enum.IntEnum):
     # Not written: the part of the store holding the run could not be reached (a
     # Cluster primary down, its slots not failed over yet) while the rest could.
     FAILED = 3
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the fields ``cls`` does not have: a record or state a later
+    version wrote (a rolling update) is read by this one."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def owner_hash(key: bytes, credential: str | None) -> str:

@@ -85,6 +85,11 @@ class Adapter(ABC):
         """Whether ``chunk`` is part of the answer itself (text, a refusal, tool-call
         arguments), not reasoning: from then on the model is not thinking silently."""
 
+    def thinks(self, chunk: Chunk) -> bool:
+        """Whether ``chunk`` starts reasoning again after the answer began (a reasoning
+        item, a thinking block): the model may think silently again."""
+        return False
+
     @abstractmethod
     def new_accumulator(self) -> RunAccumulator: ...
 

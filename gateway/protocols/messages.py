@@ -112,6 +112,13 @@ class MessagesAdapter(Adapter):
         delta = chunk.obj.get("delta")
         return type(delta) is dict and delta.get("type") in ANSWER_DELTAS
 
+    def thinks(self, chunk: Chunk) -> bool:
+        obj = chunk.obj
+        if obj.get("type") != "content_block_start":
+            return False
+        block = obj.get("content_block")
+        return type(block) is dict and block.get("type") in THINKING
+
     def new_accumulator(self) -> MessagesAccumulator:
         return MessagesAccumulator()
 

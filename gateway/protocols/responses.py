@@ -105,7 +105,7 @@ def for_continuation(body: dict[str, Any]) -> dict[str, Any]:
 def replay(events: list[bytes]) -> ResponsesAccumulator:
     """What a client assembled from the events it was sent (a takeover's starting point)."""
     accumulator = ResponsesAccumulator()
-    splicer = ResponsesSplicer(accumulator, model=None)
+    splicer = ResponsesSplicer(accumulator, model=None, replaying=True)
     for event in events:
         data = event.partition(b"\ndata: ")[2].rstrip(b"\n")
         obj = orjson.loads(data) if data else None
@@ -134,6 +134,13 @@ class ResponsesAdapter(Adapter):
 
     def answers(self, chunk: Chunk) -> bool:
         return chunk.obj.get("type") in ANSWER_DELTAS
+
+    def thinks(self, chunk: Chunk) -> bool:
+        obj = chunk.obj
+        if obj.get("type") != "response.output_item.added":
+            return False
+        item = obj.get("item")
+        return type(item) is dict and item.get("type") == "reasoning"
 
     def new_accumulator(self) -> ResponsesAccumulator:
         return ResponsesAccumulator()

@@ -162,10 +162,15 @@ class Held:
 
 
 class ResponsesSplicer(Legs):
-    def __init__(self, accumulator: ResponsesAccumulator, *, model: str | None) -> None:
+    def __init__(
+        self, accumulator: ResponsesAccumulator, *, model: str | None, replaying: bool = False
+    ) -> None:
         super().__init__(accumulator)
         self.sent: ResponsesAccumulator = accumulator
         self._model = model
+        # Rebuilding a client's view from its own events: what it was sent is what it has,
+        # reasoning included (a log from before reasoning was held may end inside one).
+        self._held_types = ("function_call",) if replaying else ("function_call", "reasoning")
         # This leg's output_index -> the client's item (None: not sent, e.g. reasoning
         # again); a function call is absent until it is released.
         self._map: dict[int, Item | None] = {}
@@ -260,7 +265,7 @@ class ResponsesSplicer(Legs):
             # reasoning, or output after which new reasoning would be out of place.
             self._map[index] = None
             return None
-        if kind in ("function_call", "reasoning"):
+        if kind in self._held_types:
             self._held[index] = Held([obj])
             return None
         if kind == "message":
@@ -273,11 +278,13 @@ class ResponsesSplicer(Legs):
             if self.leg > 0:
                 self._pending[index] = [obj]
                 return None
+        out = self._close_messages() if self.leg > 0 else b""
         client = self._new_item(item)
         self._map[index] = client
         if kind == "message":
             client.added = client.added | {"content": []}
-        return self._emit(chunk, obj | {"output_index": client.index, "item": client.added})
+        added = obj | {"output_index": client.index, "item": client.added}
+        return out + self._emit(chunk, added)
 
     def _new_item(self, item: dict[str, Any]) -> Item:
         sent = self.sent
@@ -384,12 +391,15 @@ class ResponsesSplicer(Legs):
                 del self._pending[index]
                 self._map[index] = None
             return None
-        # Something to show at last: the item, its part, then this event.
+        # Something to show at last: the item, its part, then this event, after the
+        # client's message (said done with its text before a break) is closed. What the
+        # seam holds is this message's: it stays.
         del self._pending[index]
+        out = self._close_messages(seam=False)
         item = self._new_item(pending[0]["item"])
         item.added = item.added | {"content": []}
         self._map[index] = item
-        out = self._render(pending[0] | {"output_index": item.index, "item": item.added})
+        out += self._render(pending[0] | {"output_index": item.index, "item": item.added})
         for part in pending[1:]:
             item.parts += 1
             out += self._render(self._placed(part, item))
@@ -458,14 +468,15 @@ class ResponsesSplicer(Legs):
         sent.tool_calls.append(ToolCall(len(sent.tool_calls), call_id, name, arguments))
         return item
 
-    def _close_messages(self) -> bytes:
-        """Close the client's open message (with what its seam still held), so that the
-        next item starts after it: items go out one after another."""
+    def _close_messages(self, *, seam: bool = True) -> bytes:
+        """Close the client's open message (with what the seam still held for it, unless
+        ``seam`` is False), so that the next item starts after it: items go out one
+        after another."""
         out = b""
         for item in self.sent.items:
             if item.type != "message" or item.done is not None:
                 continue
-            if self.seam is not None:
+            if seam and self.seam is not None:
                 rest = self.seam.flush()
                 if rest:
                     item.text.append(rest)

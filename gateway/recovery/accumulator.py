@@ -116,10 +116,13 @@ class RunAccumulator:
         pays for them too (``gateway.recovery.usage``)."""
         counts = self.usage_counts
         estimates = dict(self._restored_estimates)
+        # Calibrated on legs whose usage is final: not the leg in progress (Messages'
+        # message_start reports an output of 1), until the answer finished.
+        current = max(self._measures, default=None) if self.finish_reason is None else None
         complete = [
             (measure, self._usage_by_leg[leg])
             for leg, measure in self._measures.items()
-            if not measure.broke and leg in self._usage_by_leg
+            if not measure.broke and leg in self._usage_by_leg and leg != current
         ]
         for leg, measure in self._measures.items():
             if measure.broke:

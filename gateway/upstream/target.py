@@ -63,6 +63,28 @@ def relay_query(query: bytes) -> str:
     return f"?{text_query}"
 
 
+# Query parameters that carry a credential (Google's ``?key=``, ``?access_token=``…): a
+# run's query goes to every leg, fallbacks on other providers included, and is kept in
+# the run's record, so these never go with it.
+CREDENTIAL_PARAMETERS = frozenset(
+    {"key", "api-key", "api_key", "apikey", "access_token", "token", "auth", "authorization"}
+)
+
+
+def run_query(query: bytes) -> str:
+    """The client's query string as a run sends it with every leg (``relay_query``),
+    without its credential parameters (``CREDENTIAL_PARAMETERS``)."""
+    checked = relay_query(query)
+    if not checked:
+        return ""
+    kept = [
+        part
+        for part in checked[1:].split("&")
+        if unquote(part.partition("=")[0]).lower() not in CREDENTIAL_PARAMETERS
+    ]
+    return "?" + "&".join(kept) if any(kept) else ""
+
+
 def upstream_url(root: httpx.URL, target: str) -> httpx.URL:
     """``target`` (from ``relay_target`` or a constant) under ``root``, same authority."""
     base = root.raw_path.split(b"?", 1)[0].rstrip(b"/")

@@ -512,7 +512,7 @@ class _Connection(asyncio.Protocol):
         self.close()
 
 
-def shorten_read_timeout(response: httpx.Response, seconds: float) -> bool:
+def set_read_timeout(response: httpx.Response, seconds: float) -> bool:
     """From now on, fail ``response`` (this engine's only) once nothing arrived for
     ``seconds``; False if its engine cannot (httpx's and aiohttp's set theirs per request)."""
     body = response.stream
@@ -520,7 +520,7 @@ def shorten_read_timeout(response: httpx.Response, seconds: float) -> bool:
         return False
     connection = body._connection
     connection._read_timeout = seconds
-    if connection._timer is not None:  # armed for the longer wait: again for this one
+    if connection._timer is not None:  # armed for the old wait: again for this one
         connection._timer.cancel()
         connection._timer = None
         connection._arm()

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.checkpoint.model import Checkpoint
+from gateway.checkpoint.model import Checkpoint, RunRecord, RunState
 from gateway.checkpoint.redis import RedisStore
 from gateway.protocols import CHAT
 from tests.api.streams import MESSAGES
@@ -244,3 +244,13 @@ def test_streams_survive_redis_dying_and_checkpoints_resume_when_it_returns(
     warnings = [rec.getMessage() for rec in caplog.records if rec.name == "gateway.checkpoint"]
     assert len([w for w in warnings if "unavailable" in w]) == 1  # one per outage
     assert len([w for w in warnings if "reachable again" in w]) == 1
+
+
+def test_a_record_or_state_from_a_later_version_is_read() -> None:
+    """A rolling update: fields a later version adds are left out, not a failure."""
+    record = RunRecord("r", "owner", "*", {"model": "m"}, 1.0, "chat", "?beta=true")
+    later = orjson.loads(record.encode()) | {"added_later": 1}
+    assert RunRecord.decode(orjson.dumps(later)) == record
+    state = RunState(seq=3, status="running", leg=0, splice_leg=0)
+    later = orjson.loads(state.encode()) | {"added_later": {"x": 1}}
+    assert RunState.decode(orjson.dumps(later)) == state

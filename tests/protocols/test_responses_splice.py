@@ -420,3 +420,41 @@ def test_a_failure_before_anything_was_sent_still_starts_with_response_created()
     assert [e["type"] for e in sent] == ["response.created", "error", "response.failed"]
     assert sent[0]["response"]["id"] == sent[2]["response"]["id"]
     assert [e["sequence_number"] for e in sent] == [0, 1, 2]
+
+
+def test_a_message_said_done_before_a_break_is_closed_before_the_next_leg_adds_one() -> None:
+    splicer, first, second = new(), Leg("resp_a"), Leg("resp_b")
+    out = feed(splicer, first.created() + first.message(0, "msg_a", "Hello"))
+    out += feed(splicer, first.message_done(0, "msg_a", "Hello")[:2])  # text and part done
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, None)
+    out += feed(
+        splicer,
+        second.created()
+        + second.message(0, "msg_b", " world")
+        + second.message_done(0, "msg_b", " world")
+        + [second.completed(2)],
+    )
+    sent = events(out)
+    strictly_one_after_another(sent)
+    final = sent[-1]["response"]["output"]
+    assert [item["content"][0]["text"] for item in final] == ["Hello", " world"]
+
+
+def test_replay_keeps_an_open_reasoning_item_an_older_log_ends_with() -> None:
+    """Before reasoning items were held, a log could end inside one: the client has it."""
+    leg = Leg("resp_a")
+    chunks = leg.created() + leg.reasoning(0, "thi", done=False)
+    log = [frame(c.obj["type"], c.data) for c in chunks]
+    rebuilt = RESPONSES.replay(log)
+    assert [item.type for item in rebuilt.items] == ["reasoning"]
+    assert rebuilt.reasoning == "thi" and rebuilt.seq == len(log)
+
+
+def test_reasoning_starts_and_answers_tell_the_idle_timeout_what_the_model_does() -> None:
+    leg = Leg("resp_a")
+    reasoning, *summary = leg.reasoning(0, "think")
+    added, part, delta = leg.message(1, "msg_a", "Hi")
+    assert RESPONSES.thinks(reasoning) and not RESPONSES.answers(reasoning)
+    assert not any(RESPONSES.answers(chunk) for chunk in summary)
+    assert RESPONSES.answers(delta) and not RESPONSES.thinks(added)

@@ -52,8 +52,26 @@ def test_the_accumulator_sums_reported_and_estimated_and_keeps_them_apart() -> N
     last = accumulator.measure(1)
     last.request_bytes, last.output_chars, last.output_deltas = 120, 60, 12
     accumulator.set_usage(1, {"prompt_tokens": 12, "completion_tokens": 12, "total_tokens": 24})
+    accumulator.finish_reason = "stop"  # leg 1's usage is final: it calibrates
     assert accumulator.usage_by_leg == {1: accumulator.usage_by_leg[1]}  # reported only
     assert accumulator.estimated_by_leg == {
         0: {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}
     }
     assert accumulator.usage == {"prompt_tokens": 22, "completion_tokens": 20, "total_tokens": 42}
+
+
+def test_a_leg_in_progress_does_not_calibrate_until_the_answer_finished() -> None:
+    """Messages' message_start reports an output of 1 for the leg in progress: not a rate."""
+    accumulator = RunAccumulator()
+    accumulator.usage_counts = ("input_tokens", "output_tokens")
+    broken = accumulator.measure(0)
+    broken.request_bytes, broken.output_chars, broken.output_deltas = 100, 80, 20
+    broken.broke = True
+    accumulator.set_usage(0, {"input_tokens": 11, "output_tokens": 1})
+    current = accumulator.measure(1)
+    current.request_bytes, current.output_chars, current.output_deltas = 120, 200, 50
+    accumulator.set_usage(1, {"input_tokens": 12, "output_tokens": 1})
+    assert accumulator.estimated_by_leg[0]["output_tokens"] == 80 // 4  # not 20 * 1 / 50
+    accumulator.set_usage(1, {"input_tokens": 12, "output_tokens": 50})
+    accumulator.finish_reason = "end_turn"
+    assert accumulator.estimated_by_leg[0]["output_tokens"] == 20  # 1 token a delta

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.upstream.target import UnsafePath, relay_query, relay_target, upstream_url
+from gateway.upstream.target import (
+    UnsafePath,
+    relay_query,
+    relay_target,
+    run_query,
+    upstream_url,
+)
 
 ROOTS = ["http://vllm:8000", "https://api.deepseek.com/", "http://127.0.0.1:9000/v1"]
 
@@ -104,3 +110,10 @@ def test_a_run_forwards_the_query_as_the_client_sent_it() -> None:
     for unsafe in (b"a=\x01", b"a=\xff", b"a#b"):
         with pytest.raises(UnsafePath):
             relay_query(unsafe)
+
+
+def test_a_runs_query_leaves_its_credentials_out() -> None:
+    assert run_query(b"beta=true") == "?beta=true"
+    assert run_query(b"beta=true&key=AIza123&api-version=1") == "?beta=true&api-version=1"
+    assert run_query(b"API_KEY=x&access%5Ftoken=y") == ""
+    assert run_query(b"") == ""
