@@ -36,6 +36,7 @@ from gateway.errors import GatewayError, error_body
 from gateway.listen import STATE_KEY, ListenLimits
 from gateway.metrics import Metrics, process_exited, sweep_dead_workers
 from gateway.observe import CLIENT_CLOSED, Observer, request_log
+from gateway.supervisor import exit_with_supervisor
 
 logger = logging.getLogger("gateway")
 
@@ -206,6 +207,7 @@ def create_app_from_env() -> Starlette:
     object they track, and the startup heap was half of those at 256 streams
     (BENCHMARKS.md, "Collector pauses"); runs themselves leave no cycles.
     """
+    exit_with_supervisor()  # a worker of ``serve --workers N`` dies with it
     app = create_app(config_from_env())
     gc.collect()
     gc.freeze()

@@ -21,6 +21,7 @@ from gateway.listen import GuardedHttpToolsProtocol
 from gateway.logs import Format
 from gateway.logs import config as logging_config
 from gateway.metrics import MULTIPROC_ENV
+from gateway.supervisor import SUPERVISOR_ENV
 
 # After the drain timeout the gateway ends its streams itself; this is uvicorn's
 # backstop for what the drain does not cover (a non-streaming request, a last write).
@@ -44,6 +45,10 @@ def serve(
         os.environ.pop(CONFIG_ENV, None)
     if workers > 1 or os.environ.get(MULTIPROC_ENV):
         prepare_multiprocess_dir()
+    if workers > 1:  # its workers die with it (exit_with_supervisor)
+        os.environ[SUPERVISOR_ENV] = str(os.getpid())
+    else:
+        os.environ.pop(SUPERVISOR_ENV, None)
     level = log_level or config.logging.level
     uvicorn.run(
         "gateway.app:create_app_from_env",
