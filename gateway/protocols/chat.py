@@ -155,11 +155,11 @@ class ChatAdapter(Adapter):
         return delta_chars(chunk.obj)
 
     def answers(self, chunk: Chunk) -> bool:
-        choices = chunk.obj.get("choices")
-        delta = choices[0].get("delta") if type(choices) is list and choices else None
-        if type(delta) is not dict:
-            return False
-        return bool(delta.get("content") or delta.get("tool_calls") or delta.get("refusal"))
+        choices = chunk.obj.get("choices")  # parse_event checked its shape
+        delta = choices[0].get("delta") if choices else None
+        return bool(
+            delta and (delta.get("content") or delta.get("tool_calls") or delta.get("refusal"))
+        )
 
     def new_accumulator(self) -> RunAccumulator:
         return RunAccumulator()
