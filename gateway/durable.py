@@ -10,12 +10,14 @@ closed, after a last checkpoint that lets a later resume continue it.
 Checkpoints: with Redis and ``durability: sync`` (the default), the log is
 *gated*: the producer marks the run due with every event, and followers see an
 event only once the write holding it is acknowledged (``RunLog.release``; group
-commit: the writer's one batch per tick carries every run's pending events), so
-no client is ever ahead of the store. If the store fails, what waits is released
-unprotected. With ``durability: async`` the producer marks the run due with its
-first event, then every ``checkpoint_every`` content deltas, on each interruption
-and at the end (every event while another replica tails it). The writer
-(``checkpoint.writer``) does the I/O. The in-memory store gets the last one only,
+commit: the writer's one batch per tick carries every run's pending events) by
+the primary and, where it has one, a replica (Redis WAIT), so no client is ever
+ahead of the store, even across a failover. If the store fails for longer than
+``unprotected_after``, what waits is released unprotected. With ``durability:
+async`` the producer marks the run due with its first event, then every
+``checkpoint_every`` content deltas, on each interruption and at the end
+(every event while another replica tails it). The writer (``checkpoint.writer``)
+does the I/O. The in-memory store gets the last one only,
 written as the run ends.
 Writes carry the run's epoch (0, or what this process's claim returned): if this
 process was paused past its lease and another replica took the run over, the
@@ -82,7 +84,6 @@ class RunLog:
         *,
         gated: bool = False,
     ) -> None:
-        self.ends = adapter.ends  # whether an event ends the answer
         self.keepalive = adapter.keepalive  # what a silent stream without ids is sent
         self.events: list[bytes] = events if events is not None else []
         self.size = sum(map(len, self.events))  # bytes of all events
@@ -169,29 +170,20 @@ class RunLog:
     async def follow(self, after: int, *, ids: bool) -> AsyncIterator[bytes]:
         """Events numbered above ``after``, then the live rest, until the log closes.
 
-        Events that piled up while the client was slow go out in one write. A
-        client ahead of the log (it holds events a dead replica sent and never
-        checkpointed) skips as many regenerated events, except those that end
-        the answer (a finish_reason, ``[DONE]``, a terminal event): it needs them whatever
-        it holds, and cannot have had them, or it would not have resumed.
+        Events that piled up while the client was slow go out in one write. ``after``
+        is at most the log's length: a client holding more cannot be placed
+        (``Runs.resume`` refuses it).
         """
-        seq = min(after, len(self.events))
+        if after > len(self.events):
+            raise ValueError(f"a follower at {after} of a log of {len(self.events)} events")
+        seq = after
         loop = asyncio.get_running_loop()
         reader = _Reader(sum(map(len, self.events[:seq])))
         self._readers.add(reader)
         try:
             while True:
                 events, visible = self.events, self.visible
-                if seq < after and seq < visible:
-                    last = min(after, visible)
-                    skipped = events[seq:last]
-                    ends = self.ends
-                    ending = [(n, e) for n, e in enumerate(skipped, seq + 1) if ends(e)]
-                    if ending:
-                        yield render(ending, ids=ids)
-                    self._progress(reader, sum(map(len, skipped)))
-                    seq = last
-                elif seq < visible:
+                if seq < visible:
                     batch = events[seq:visible]
                     if ids or len(batch) > 1:
                         yield render(enumerate(batch, seq + 1), ids=ids)
@@ -307,13 +299,13 @@ class LocalRun:
             self._runs.alias(self.run.accumulator.identity.get("id"), self)
         if self._gated:
             # Group commit: the writer's next batch carries this event, and its
-            # acknowledgement releases it (``flushed``). With the store down,
-            # events go out at once, unprotected (counted).
+            # acknowledgement releases it (``flushed``). With the store down for
+            # longer than unprotected_after, events go out at once (counted).
             writer = self._runs.writer
             assert writer is not None
             if self.lost:
                 pass  # fenced: what is not released is the new owner's to send
-            elif writer.healthy:
+            elif writer.protecting:
                 writer.mark(self)
             else:
                 self._release_unprotected()

@@ -12,6 +12,8 @@ The hierarchy::
     ├── InvalidRequest           400 invalid_request_error (bad JSON, bad fields)
     ├── Unauthorized             401 authentication_error (bad or missing gateway key)
     ├── NotFound                 404 invalid_request_error (unknown model, path, run)
+    ├── Conflict                 409 conflict_error
+    │   └── ResumeNotExact       (a resume position the store cannot place)
     ├── PayloadTooLarge          413 invalid_request_error
     ├── ServiceUnavailable       503 server_error (the checkpoint store, for a resume)
     └── UpstreamFailure          502 upstream_error (unreachable, broken, bad answer)
@@ -30,6 +32,7 @@ class GatewayError(Exception):
     status_code = 500
     error_type = "server_error"
     code: str | None = "internal_error"
+    headers: dict[str, str] | None = None  # sent with the error's HTTP response
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -50,6 +53,7 @@ class GatewayError(Exception):
             orjson.dumps(self.anthropic_body() if anthropic else self.body()),
             status_code=self.status_code,
             media_type="application/json",
+            headers=self.headers,
         )
 
 
@@ -69,6 +73,23 @@ class NotFound(GatewayError):
     status_code = 404
     error_type = "invalid_request_error"
     code = "not_found"
+
+
+class Conflict(GatewayError):
+    status_code = 409
+    error_type = "conflict_error"
+    code = "conflict"
+
+
+class ResumeNotExact(Conflict):
+    """The client holds events the store does not: its resume cannot be placed exactly.
+
+    Never retried by the SDKs (``x-should-retry: false``): the same position fails
+    the same way; the client asks again without ``x-run-id`` for a new answer.
+    """
+
+    code = "resume_not_exact"
+    headers = {"x-should-retry": "false"}
 
 
 class ServiceUnavailable(GatewayError):
@@ -104,6 +125,7 @@ ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    409: "conflict_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",

@@ -17,6 +17,13 @@ run is, decides how the rest is served (``kind`` in ``gateway_resumes_total``):
   if the old owner was only paused, its writes are refused when it wakes up: it
   stops the run and tells its clients to resume (``run_moved``), which finds us.
 
+A resume position is a number of events; it names content only where the log
+holds those events. A client holding more than the store (events released while
+Redis was down, writes a failover lost, the crash window of ``durability:
+async``) cannot be placed: a new leg chunks and words its answer otherwise, so no
+count of its events is the client's text. It gets ``resume_not_exact`` (409, or
+an in-band error mid-tail), counted as ``outcome="not_exact"``, never a guess.
+
 Ownership: only the credential that started a run resumes it. Locally the
 credentials are compared; in the store, keyed hashes. Anything else is a 404
 that says no more than an unknown id would.
@@ -42,6 +49,7 @@ from gateway.durable import LocalRun, RunLog, render
 from gateway.errors import (
     GatewayError,
     NotFound,
+    ResumeNotExact,
     ServiceUnavailable,
     ShuttingDown,
 )
@@ -58,6 +66,9 @@ logger = logging.getLogger("gateway.resume")
 # stored copy ends where the stream broke): as long as OpenAI keeps stored responses.
 RECOVERED_ALIAS_TTL = 30 * 24 * 3600.0
 RECOVERED = " recovered"  # the alias's value: "<run id>", or "<run id> recovered"
+WRITE_TIMEOUT = 2.0  # seconds a checkpoint write may take, besides waiting for replicas
+TAIL_STORE_PATIENCE = 30.0  # seconds a tail asks a failing store again (a failover)
+STORE_RETRY = 0.2  # seconds between those asks
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +91,22 @@ class RunMoved(ServiceUnavailable):
     """This replica lost a run to another one (its writes were fenced out)."""
 
     code = "run_moved"
+
+
+def _not_exact(run_id: str, after: int, held: int) -> ResumeNotExact:
+    return ResumeNotExact(
+        f"Run {run_id!r} cannot be resumed exactly: the client has {after} events, and "
+        f"the gateway holds only {held} (the rest were lost with a failed replica and "
+        "its Redis). A continuation from there could repeat or drop text; request the "
+        "answer again without x-run-id."
+    )
+
+
+def _store_down(run_id: str, exc: Exception) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"Run {run_id!r} cannot be resumed now: the checkpoint store is unavailable "
+        f"({type(exc).__name__})."
+    )
 
 
 def _not_found(run_id: str) -> RunNotFound:
@@ -106,7 +133,15 @@ class Runs:
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         owner_key = config.owner_key.get_secret_value().encode() if config.owner_key else None
         self.writer = (
-            CheckpointWriter(store, metrics, lease_ttl=config.lease_ttl, owner_key=owner_key)
+            CheckpointWriter(
+                store,
+                metrics,
+                lease_ttl=config.lease_ttl,
+                owner_key=owner_key,
+                # A write may wait for replicas (Redis WAIT) on top of its own time.
+                write_timeout=WRITE_TIMEOUT + (config.wait_timeout if store.shared else 0),
+                unprotected_after=config.unprotected_after,
+            )
             if store is not None
             else None
         )
@@ -288,8 +323,11 @@ class Runs:
         if local is not None:
             if not local.owned_by(credential):
                 raise self._refused(run_id)
+            events = len(local.log.events)
+            if after > events:
+                raise self._not_exact("local", run_id, after, events)
             self._count("local", "ok")
-            if local.log.closed and after >= len(local.log.events):
+            if local.log.closed and after == events:
                 return None
             return local.attach(after, ids=ids)
         store = self.store
@@ -298,22 +336,18 @@ class Runs:
         try:
             checkpoint = await self._load(store, run_id, credential)
             if _finished(checkpoint):
-                self._count("replay", "ok")
-                return (
-                    self._replay(checkpoint, after, ids) if after < len(checkpoint.events) else None
-                )
+                return self._replay(checkpoint, run_id, after, ids)
             if await store.lease_holder(run_id) is None:
-                taken = await self._take_over(store, run_id, credential, after, ids, forwarding)
+                taken = await self._take_over(
+                    store, run_id, credential, after, ids, forwarding, checkpoint
+                )
                 if taken is not None:
                     return taken
         except GatewayError:
             raise
         except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
             self._count("store", "error")
-            raise ServiceUnavailable(
-                f"Run {run_id!r} cannot be resumed now: the checkpoint store is "
-                f"unavailable ({type(exc).__name__})."
-            ) from None
+            raise _store_down(run_id, exc) from None
         self._count("tail", "ok")
         adapter = adapter_named(checkpoint.record.protocol)
         return self._tail(store, adapter, run_id, credential, after, ids, forwarding)
@@ -324,6 +358,19 @@ class Runs:
 
     def _count(self, kind: str, outcome: str) -> None:
         self.metrics.resumes.labels(kind, outcome).inc()
+
+    def _not_exact(self, kind: str, run_id: str, after: int, held: int) -> ResumeNotExact:
+        self._count(kind, "not_exact")
+        logger.warning(
+            "resume not exact: the client holds events the store lost",
+            extra={"run_id": run_id, "client_has": after, "events": held},
+        )
+        return _not_exact(run_id, after, held)
+
+    def _placed(self, checkpoint: Checkpoint, run_id: str, after: int) -> None:
+        """Raise ``ResumeNotExact`` unless the stored log holds the client's ``after`` events."""
+        if after > len(checkpoint.events):
+            raise self._not_exact("takeover", run_id, after, len(checkpoint.events))
 
     async def _load(
         self, store: CheckpointStore, run_id: str, credential: str | None
@@ -337,9 +384,15 @@ class Runs:
             raise self._refused(run_id)
         return checkpoint
 
-    @staticmethod
-    async def _replay(checkpoint: Checkpoint, after: int, ids: bool) -> AsyncIterator[bytes]:
-        yield render(enumerate(checkpoint.events[after:], after + 1), ids=ids)
+    def _replay(
+        self, checkpoint: Checkpoint, run_id: str, after: int, ids: bool
+    ) -> AsyncIterator[bytes] | None:
+        """The rest of a finished run's stored log; None if the client has it all."""
+        events = checkpoint.events
+        if after > len(events):
+            raise self._not_exact("replay", run_id, after, len(events))
+        self._count("replay", "ok")
+        return _rest(events, after, ids) if after < len(events) else None
 
     async def _take_over(
         self,
@@ -349,18 +402,28 @@ class Runs:
         after: int,
         ids: bool,
         forwarding: Forwarding,
+        checkpoint: Checkpoint | None = None,
     ) -> AsyncIterator[bytes] | None:
-        """Claim a run nobody holds and continue it here; None if another replica won."""
+        """Claim a run nobody holds and continue it here; None if another replica won.
+
+        ``checkpoint``: the run as just loaded, if it was. A client it cannot place
+        is refused before the claim, so the run stays free for one it can.
+        """
+        if checkpoint is None:
+            checkpoint = await self._load(store, run_id, credential)
+        self._placed(checkpoint, run_id, after)
         epoch = await store.claim(run_id, self.replica, self.config.lease_ttl)
         if epoch is None:
             await self._load(store, run_id, credential)  # RunNotFound if it is gone meanwhile
             return None
-        # Read again under the lease: the last owner may have written since.
+        # Read again under the lease: the last owner may have written since (or, after
+        # a failover, the store may hold less: then the client is refused, and the
+        # lease left to expire).
         checkpoint = await self._load(store, run_id, credential)
         record, state = checkpoint.record, checkpoint.state
         if _finished(checkpoint):
-            self._count("replay", "ok")
-            return self._replay(checkpoint, after, ids)
+            return self._replay(checkpoint, run_id, after, ids) or _nothing()
+        self._placed(checkpoint, run_id, after)
         adapter = adapter_named(record.protocol)
         # The legs that serve the run's protocol, as its first owner had them: the
         # checkpoint's leg is a position among those.
@@ -386,9 +449,6 @@ class Runs:
             splice_leg=state.splice_leg,
             in_flight=[call.name or "unnamed tool" for call in state.in_flight],
         )
-        # A client ahead of the checkpoint skips regenerated events by count: its
-        # continuation is asked to repeat nothing (README, "Crash resume").
-        run.trim_next_seam = after <= len(checkpoint.events)
         cause = Cause.DETACHED if state.status == "detached" else Cause.REPLICA_LOST
         logger.info(
             "takeover",
@@ -425,33 +485,51 @@ class Runs:
         ids: bool,
         forwarding: Forwarding,
     ) -> AsyncIterator[bytes]:
-        """Follow a run another replica relays; take it over if that replica dies."""
+        """Follow a run another replica relays; take it over if that replica dies.
+
+        A store that fails meanwhile (a failover) is asked again for up to
+        ``TAIL_STORE_PATIENCE`` seconds: the tail goes on from its position, exactly.
+        Then the stream ends with an error that says so.
+        """
         with self.in_progress():  # a tail is a stream the drain lets finish
             seq, block = after, min(1.0, self.config.lease_ttl / 2)
             loop = asyncio.get_running_loop()
             watched_until = 0.0
+            failing_since: float | None = None
             while True:
                 if self.stopping:
                     yield self.shutdown_event(run_id, adapter, seq)
                     return
-                if loop.time() >= watched_until:
-                    await store.watch(run_id, 4 * block)
-                    watched_until = loop.time() + block
-                entries = await store.read_events(run_id, seq, block)
+                try:
+                    if loop.time() >= watched_until:
+                        await store.watch(run_id, 4 * block)
+                        watched_until = loop.time() + block
+                    entries = await store.read_events(run_id, seq, block)
+                    held = bool(entries) or await store.lease_holder(run_id) is not None
+                    taken = None
+                    if not held:
+                        taken = await self._take_over(
+                            store, run_id, credential, seq, ids, forwarding
+                        )
+                except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
+                    yield adapter.error_event(exc, seq)
+                    return
+                except Exception as exc:  # noqa: BLE001 - the store fails: ask again, a while
+                    now = loop.time()
+                    failing_since = now if failing_since is None else failing_since
+                    if now - failing_since >= TAIL_STORE_PATIENCE:
+                        self._count("tail", "error")
+                        yield adapter.error_event(_store_down(run_id, exc), seq)
+                        return
+                    await asyncio.sleep(STORE_RETRY)
+                    continue
+                failing_since = None
                 if entries:
                     yield render(entries, ids=ids)
                     seq = entries[-1][0]
                     if adapter.is_terminal(entries[-1][1]):
                         return
-                    continue
-                if await store.lease_holder(run_id) is not None:
-                    continue
-                try:
-                    taken = await self._take_over(store, run_id, credential, seq, ids, forwarding)
-                except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
-                    yield adapter.error_event(exc, seq)
-                    return
-                if taken is not None:
+                elif taken is not None:
                     async for data in taken:
                         yield data
                     return
@@ -532,6 +610,15 @@ def _how_to_resume(run_id: str) -> str:
         f"repeat the request with x-run-id: {run_id} and x-resume-from: <chunks received>, "
         f"or GET /v1/runs/{run_id}/events with Last-Event-ID."
     )
+
+
+async def _rest(events: list[bytes], after: int, ids: bool) -> AsyncIterator[bytes]:
+    yield render(enumerate(events[after:], after + 1), ids=ids)
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""
 
 
 def _finished(checkpoint: Checkpoint) -> bool:

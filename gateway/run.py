@@ -155,10 +155,6 @@ class Run:
         self.first_token_at: float | None = None  # perf_counter of the first content sent
         self.outcome: str | None = None  # done, failed or detached, once it ended
         self.last_cause: Cause | None = None
-        # False for a takeover whose client is ahead: it skips new events by count, so
-        # the continuation is asked to repeat nothing and nothing is held or merged at
-        # its seam (README, "Crash resume").
-        self.trim_next_seam = True
         self._seam: SeamRule | None = None  # what the open continuation repeats first
         self._awaiting_content = True  # no content sent yet: the next is the first token
         self._prefilled = False  # the open request ends with an assistant message
@@ -203,12 +199,12 @@ class Run:
                 self._upstreams.continuation_of(leg),
                 self.accumulator,
                 self.route.continuation_prompt,
-                anchored=self.route.continuation_anchor and self.trim_next_seam,
+                anchored=self.route.continuation_anchor,
             )
             if continued is None:
                 return None
             body = continued.body
-            self._seam = continued.seam if self.trim_next_seam else None
+            self._seam = continued.seam
             self._prefilled = continued.prefill
         # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
         # shrunk, and this one is kept (by the upstream request) as long as the run.
@@ -471,7 +467,6 @@ class Run:
                 self._count_recoveries("failed")
                 raise self._final(failure, exc) from None
             self.splicer.begin_leg(plan, self._seam)
-            self.trim_next_seam = True
             failure = None
 
     def _final(self, failure: StreamInterrupted, later: Exception | None = None) -> GatewayError:

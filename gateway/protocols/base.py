@@ -143,10 +143,6 @@ class Adapter(ABC):
         """A terminal event that ends a complete answer."""
 
     @abstractmethod
-    def ends(self, event: bytes) -> bool:
-        """An event a client that resumes ahead of the log still needs (the answer's end)."""
-
-    @abstractmethod
     def error_event(self, error: GatewayError, events: int) -> bytes:
         """An error that ends a stream of ``events`` events, outside any splicer
         (a replica that shuts down or lost the run)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -15,7 +14,6 @@ from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, 
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _ERROR = b'data: {"error"'
-_FINISH = re.compile(rb'"finish_reason":\s*"')
 
 
 def parse_event(data: bytes) -> Event:
@@ -192,9 +190,6 @@ class ChatAdapter(Adapter):
 
     def succeeded(self, event: bytes) -> bool:
         return event == DONE_EVENT
-
-    def ends(self, event: bytes) -> bool:
-        return self.is_terminal(event) or _FINISH.search(event) is not None
 
     def error_event(self, error: GatewayError, events: int) -> bytes:
         return sse_error_event(error)

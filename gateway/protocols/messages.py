@@ -169,9 +169,6 @@ class MessagesAdapter(Adapter):
     def succeeded(self, event: bytes) -> bool:
         return event == MESSAGE_STOP
 
-    def ends(self, event: bytes) -> bool:
-        return self.is_terminal(event) or event.startswith(b"event: message_delta\n")
-
     def error_event(self, error: GatewayError, events: int) -> bytes:
         return error_event(error)
 

@@ -175,9 +175,6 @@ class ResponsesAdapter(Adapter):
     def succeeded(self, event: bytes) -> bool:
         return event.startswith((b"event: response.completed\n", b"event: response.incomplete\n"))
 
-    def ends(self, event: bytes) -> bool:
-        return self.is_terminal(event) or event.startswith(b"event: error\n")
-
     def error_event(self, error: GatewayError, events: int) -> bytes:
         body = error.body()["error"]
         event = {

@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import orjson
 import pytest
 import redis
@@ -150,31 +151,17 @@ def test_with_sync_durability_no_client_is_ever_ahead_of_the_store(
     assert b.resumed("takeover") == 1
 
 
-@pytest.mark.parametrize("client", ["behind_checkpoint", "ahead_of_checkpoint"])
 def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
-    replicas: Replicas,
-    async_replicas: Replicas,
-    chaos: ChaosUpstream,
-    store: redis.Redis,
-    client: str,
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
 ) -> None:
-    # Seed 68: no checkpoint this test can produce ends right before a seam the trimmer
-    # holds; the test below covers that case on purpose. A client can only be ahead of
-    # the checkpoint with durability: async.
     model = "chaos:text=80,seed=68,pace_ms=25"
-    chosen = replicas if client == "behind_checkpoint" else async_replicas
-    a, b = chosen.start("A", "B")
+    a, b = replicas.start("A", "B")
     received = Received()
     with sdk(a) as client_a:
         run_id, stream = start(client_a, model, received, 8)
-        if client == "behind_checkpoint":
-            seq = kill_behind(a, store, run_id, received)
-            stream.close()
-            assert received.chunks < seq
-        else:
-            seq = kill_ahead(a, store, run_id, stream, received)
-            drain(stream, received)  # events A wrote to the socket before it died
-            assert received.chunks > seq  # the crash window: the client is ahead
+        seq = kill_behind(a, store, run_id, received)
+        stream.close()
+        assert received.chunks < seq
     assert received.finish_reasons == [], "A finished before it was killed"
     with sdk(b) as client_b:
         resume(client_b, model, run_id, received)
@@ -188,24 +175,30 @@ def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
     assert not lease_held(store, run_id)
 
 
-def test_takeover_while_the_client_is_ahead_of_a_held_seam_loses_nothing(
+def test_a_client_ahead_of_the_checkpoint_is_told_its_answer_cannot_be_resumed_exactly(
     async_replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
 ) -> None:
-    model = "chaos:text=40,seed=30,pace_ms=25"
-    # Its 5th text delta, " señor", also ends its 2nd: a continuation after 4 deltas
-    # starts with text the trimmer holds, then releases with the 6th delta, merged.
+    # durability: async: A releases events before their checkpoint. The client holds
+    # more than the store when A dies: no count of B's new events is its text (B's leg
+    # chunks and words it otherwise), so it gets the explicit error, and B continues
+    # nothing upstream.
+    model = "chaos:text=80,seed=68,pace_ms=25,sample=1"
     a, b = async_replicas.start("A", "B")
     received = Received()
     with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 6)
+        run_id, stream = start(client_a, model, received, 8)
         seq = kill_ahead(a, store, run_id, stream, received)
-        drain(stream, received)
-    if seq != 5:  # role + 4 text deltas
-        pytest.skip(f"A checkpointed {seq} events, not 5: the seam is elsewhere")
-    assert received.chunks > seq
-    with sdk(b) as client_b:
+        drain(stream, received)  # events A wrote to the socket before it died
+    assert received.chunks > seq  # the crash window: the client is ahead
+    # A's lease has not expired yet: B tails the run (the stream starts) until it has,
+    # then ends it with the error in band, which the SDK raises.
+    with sdk(b) as client_b, pytest.raises(openai.APIError) as raised:
         resume(client_b, model, run_id, received)
-    assert_whole_text_answer(received, model)
+    assert raised.value.code == "resume_not_exact"
+    assert "cannot be resumed exactly" in raised.value.message
+    assert b.resumes()[("takeover", "not_exact")] == 1
+    assert len(chaos.requests_for(model)) == 1  # nothing continued upstream
+    assert not lease_held(store, run_id)  # refused before any claim
 
 
 def test_takeover_of_a_checkpoint_with_completed_tool_calls_finishes_without_the_upstream(
