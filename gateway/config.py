@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -319,6 +319,16 @@ class State(_Model):
     # a crash resume is exact whatever the next leg says); async releases events at once
     # and checkpoints every checkpoint_every deltas (a crash window of a few events).
     durability: Literal["sync", "async"] = "sync"
+    # durability sync: replicas of the Redis primary that must acknowledge a checkpoint
+    # (Redis WAIT) before its events go out, so a failover cannot lose what a client
+    # has. auto: 1 where the primary has a replica, 0 where it has none.
+    wait_replicas: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
+    # How long a checkpoint waits for them; then its events go out anyway, counted
+    # (gateway_checkpoint_writes_total{result="unreplicated"}).
+    wait_timeout: float = Field(default=2.0, gt=0)
+    # A store that fails (down, or failing over) holds events back this long, so that a
+    # failover finishes with nothing lost; then they go out unprotected, counted.
+    unprotected_after: float = Field(default=5.0, ge=0)
     ttl: float = Field(default=3600.0, gt=0)  # seconds a run's checkpoint lives
     completed_ttl: float = Field(default=60.0, ge=0)  # kept for late resumers; 0 deletes
     detach_grace: float = Field(default=30.0, ge=0)  # a run without a client goes on this long

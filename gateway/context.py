@@ -121,7 +121,14 @@ def make_store(config: State) -> CheckpointStore | None:
     backend = config.backend
     if backend == "redis":
         assert config.redis_url is not None
-        return RedisStore(config.redis_url.get_secret_value(), config.pool_size)
+        # Replicas are waited for where events wait for their checkpoint (sync).
+        wanted = config.wait_replicas if config.durability == "sync" else 0
+        return RedisStore(
+            config.redis_url.get_secret_value(),
+            config.pool_size,
+            wait_replicas=None if wanted == "auto" else wanted,
+            wait_timeout=config.wait_timeout,
+        )
     return MemoryStore() if backend == "memory" else None
 
 

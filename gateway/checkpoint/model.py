@@ -123,6 +123,10 @@ class Applied(enum.IntEnum):
     # Not written: the part of the store holding the run could not be reached (a
     # Cluster primary down, its slots not failed over yet) while the rest could.
     FAILED = 3
+    # Written on the primary, but no replica acknowledged it within the wait (Redis
+    # WAIT timed out): a failover may lose it. Whether a replica tails the run is not
+    # known from such a write (it is learned again from the next).
+    UNREPLICATED = 4
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

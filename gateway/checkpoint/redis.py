@@ -17,6 +17,15 @@ Appending costs one XADD per checkpoint, whatever the answer's length. A batch o
 checkpoints is one script call (per run on a Cluster, where runs live in
 different slots): every step of a run's write happens, in order, in one place.
 
+Replication (``durability: sync``): after a batch of writes, ``WAIT`` asks the
+primary that took them for at least one replica's acknowledgement (``state.
+wait_replicas``; auto: where the primary has a replica), on the connection that
+wrote them (WAIT covers what its own connection wrote). On a Cluster, each
+primary's runs go in one pipeline with their WAIT. A replica that does not answer
+within ``state.wait_timeout`` makes those writes ``UNREPLICATED`` (their events go
+out, counted), and its primary is then only probed briefly per write until a
+replica acknowledges again: a frozen replica costs one wait, not one per write.
+
 Fencing (see ``store``): the script first compares the flush's epoch with the
 run's, and skips the whole flush when they differ; a claim sets the lease and
 raises the epoch in one script. The epoch key is written only once a run has been
@@ -27,22 +36,26 @@ after the run was finished and deleted cannot bring it back either.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, MovedError, NoScriptError, TimeoutError
 
 from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
 
 OWNER_KEY = "rg:owner-key"
 CLUSTER_RUN_TIMEOUT = 1.0  # seconds one run's write may take on a Cluster (the writer's: 2)
+REPLICAS_CHECK = 5.0  # seconds between looks at how many replicas each primary has
+PROBE_WAIT = 0.01  # seconds a primary whose replicas fell behind waits for them, per write
+STANDALONE = ""  # the name of the only primary (standalone, Sentinel's master)
 
 # KEYS: record, events, state, lease, watch, epoch per run; ARGV: _write_args per run.
 # Returns, per run, an ``Applied``: 2 if fenced out, else whether a replica watches it.
@@ -190,6 +203,38 @@ def _per_node(infos: Any) -> list[tuple[str, dict[str, Any]]]:
     return list(infos.items())
 
 
+def _per_run(replies: Sequence[Any]) -> list[Applied]:
+    """Each run's script reply, or FAILED for an error; raises if every run failed (the
+    store is down, as on standalone)."""
+    failures = [reply for reply in replies if isinstance(reply, BaseException)]
+    if failures and len(failures) == len(replies):
+        raise failures[0]
+    return [
+        Applied.FAILED if isinstance(reply, BaseException) else Applied(_applied(reply))
+        for reply in replies
+    ]
+
+
+def _applied(reply: Any) -> int:
+    return int(reply[0] if isinstance(reply, list) else reply)
+
+
+def _replicated(replies: Sequence[Any], replicated: bool) -> list[Applied]:
+    """Script replies as ``Applied``; a write no replica acknowledged is UNREPLICATED
+    (a fenced one stays FENCED: nothing was written)."""
+    out = [Applied(_applied(reply)) for reply in replies]
+    if replicated:
+        return out
+    return [a if a is Applied.FENCED else Applied.UNREPLICATED for a in out]
+
+
+async def _reread(cluster: RedisCluster) -> None:
+    try:
+        await cluster.nodes_manager.initialize()
+    except Exception:  # noqa: BLE001 - nobody answers yet: the next failure asks again
+        return
+
+
 def _entries(raw: list[Any], after: int) -> list[tuple[int, bytes]]:
     out = []
     for entry_id, fields in raw:
@@ -204,13 +249,33 @@ def _entries(raw: list[Any], after: int) -> list[tuple[int, bytes]]:
 class RedisStore:
     shared = True
 
-    def __init__(self, url: str, pool_size: int = 64) -> None:
+    def __init__(
+        self,
+        url: str,
+        pool_size: int = 64,
+        *,
+        wait_replicas: int | None = 0,
+        wait_timeout: float = 2.0,
+    ) -> None:
+        """``wait_replicas``: replicas that must acknowledge each write (``WAIT``); None:
+        one where the primary has a replica, none where it has not."""
         self._redis = connect(url, pool_size)
         # Readiness asks on a connection of its own: a busy pool (a tail's blocking read
         # holds a connection for up to a second) must not look like a dead Redis.
         self._probe = connect(url, 1)
         self._write_script = self._redis.register_script(WRITE_SCRIPT)
         self._claim_script = self._redis.register_script(CLAIM_SCRIPT)
+        self._wanted = wait_replicas
+        self._wait_timeout = wait_timeout
+        self._replicas: dict[str, int] = {}  # connected replicas by primary (auto only)
+        self._replicas_checked = -math.inf  # loop time of the last look
+        self._behind: set[str] = set()  # primaries whose replicas did not answer in time
+        self._refresh: asyncio.Task[None] | None = None  # a Cluster slot map being read again
+
+    @property
+    def waits(self) -> bool:
+        """Whether writes may wait for replicas (the writer allows for it)."""
+        return self._wanted != 0
 
     async def ping(self) -> None:
         """Raise unless Redis can serve every run now.
@@ -247,20 +312,26 @@ class RedisStore:
         return key
 
     async def write(self, flushes: Sequence[Flush]) -> list[Applied]:
+        try:
+            return await self._write(flushes)
+        except BaseException:
+            # A failover may be under way: what has replicas is learned again first.
+            self._replicas_checked = -math.inf
+            raise
+
+    async def _write(self, flushes: Sequence[Flush]) -> list[Applied]:
+        if self.waits:
+            await self._learn_replicas()
         if isinstance(self._redis, RedisCluster):
+            if self.waits:
+                return await self._write_by_primary(self._redis, flushes)
             # A run's keys share a slot, different runs' do not: one call per run, and
             # a run whose slot cannot be written (its primary died, and no replica has
             # taken over yet) fails alone: the others' writes stand.
             replies = await asyncio.gather(
                 *(self._write_run(f) for f in flushes), return_exceptions=True
             )
-            failures = [reply for reply in replies if isinstance(reply, BaseException)]
-            if failures and len(failures) == len(replies):
-                raise failures[0]  # nothing written: the store is down, as on standalone
-            return [
-                Applied.FAILED if isinstance(reply, BaseException) else Applied(reply[0])
-                for reply in replies
-            ]
+            return _per_run(replies)
         keys: list[str] = []
         args: list[bytes | str | int] = []
         for f in flushes:
@@ -268,7 +339,138 @@ class RedisStore:
             args.extend(_write_args(f))
         # The whole batch in one command: redis-py spends ~30 µs per command it
         # packs and parses, so six commands per run would cost more than Redis.
-        return [Applied(applied) for applied in await self._write_script(keys, args)]
+        required = self._required(STANDALONE)
+        if not required:
+            return [Applied(applied) for applied in await self._write_script(keys, args)]
+        # The script and its WAIT on one connection (a pipeline).
+        for attempt in range(2):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.evalsha(self._write_script.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", required, self._wait_ms(STANDALONE))
+            replies, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(replies, NoScriptError) and attempt == 0:
+                await self._redis.script_load(WRITE_SCRIPT)  # a Redis restarted or replaced
+                continue
+            for reply in (replies, acked):
+                if isinstance(reply, Exception):
+                    raise reply
+            break
+        return _replicated(replies, self._acknowledged(STANDALONE, acked, required))
+
+    async def _write_by_primary(
+        self, cluster: RedisCluster, flushes: Sequence[Flush]
+    ) -> list[Applied]:
+        """Each primary's runs in one pipeline with its WAIT (on a Cluster, with replicas)."""
+        await cluster.initialize()  # learns the slot map on first use (then a no-op)
+        results: list[Applied] = [Applied.FAILED] * len(flushes)
+        groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+        for i, flush in enumerate(flushes):
+            try:
+                node = cluster.get_node_from_key(_keys(flush.run_id)[0])
+            except Exception:  # noqa: BLE001 - a slot nobody serves now: this run fails alone
+                node = None
+            if node is None:
+                self._reread_slots(cluster)
+                continue
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        replies = await asyncio.gather(
+            *(
+                self._write_primary(node, [flushes[i] for i in runs])
+                for node, runs in groups.values()
+            ),
+            return_exceptions=True,
+        )
+        for (_, runs), reply in zip(groups.values(), replies, strict=True):
+            if isinstance(reply, BaseException):
+                self._reread_slots(cluster)  # dead, or no longer a primary: where is it now
+                continue
+            for i, applied in zip(runs, reply, strict=True):
+                results[i] = applied
+        if len(flushes) and all(r is Applied.FAILED for r in results):
+            raise ConnectionError("no Cluster primary took its runs' checkpoints")
+        return results
+
+    async def _write_primary(self, node: ClusterNode, flushes: Sequence[Flush]) -> list[Applied]:
+        required = self._required(node.name)
+        async with asyncio.timeout(CLUSTER_RUN_TIMEOUT + self._wait_timeout):
+            for attempt in range(2):
+                commands = [
+                    PipelineCommand(
+                        i, "EVALSHA", self._write_script.sha, 6, *_keys(f.run_id), *_write_args(f)
+                    )
+                    for i, f in enumerate(flushes)
+                ]
+                if required:
+                    commands.append(
+                        PipelineCommand(len(flushes), "WAIT", required, self._wait_ms(node.name))
+                    )
+                await node.execute_pipeline(commands)
+                replies = [command.result for command in commands[: len(flushes)]]
+                if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
+                    await node.execute_command("SCRIPT", "LOAD", WRITE_SCRIPT)
+                    continue
+                break
+        if any(isinstance(r, MovedError) for r in replies):
+            self._reread_slots(self._redis)  # the slots moved (a failover): learn where
+        if not required:
+            return _per_run(replies)
+        acked = commands[-1].result
+        if isinstance(acked, Exception):
+            raise acked
+        replicated = self._acknowledged(node.name, acked, required)
+        return [
+            a if a is Applied.FAILED else _replicated([a], replicated)[0] for a in _per_run(replies)
+        ]
+
+    def _required(self, primary: str) -> int:
+        """How many replicas must acknowledge a write to ``primary``."""
+        if self._wanted is not None:
+            return self._wanted
+        return 1 if self._replicas.get(primary, 0) else 0
+
+    def _wait_ms(self, primary: str) -> int:
+        wait = PROBE_WAIT if primary in self._behind else self._wait_timeout
+        return max(1, int(wait * 1000))  # WAIT 0 would wait forever
+
+    def _acknowledged(self, primary: str, acked: Any, required: int) -> bool:
+        if int(acked) >= required:
+            self._behind.discard(primary)
+            return True
+        self._behind.add(primary)
+        return False
+
+    async def _learn_replicas(self) -> None:
+        """How many replicas each primary has now (``state.wait_replicas: auto``): every
+        few seconds, so a replica added, lost or promoted changes what is waited for."""
+        if self._wanted is not None:
+            return
+        now = asyncio.get_running_loop().time()
+        if now - self._replicas_checked < REPLICAS_CHECK:
+            return
+        self._replicas_checked = now
+        redis_ = self._redis
+        if isinstance(redis_, RedisCluster):
+            await redis_.initialize()
+            primaries = redis_.get_primaries()
+            infos = await asyncio.gather(
+                *(node.execute_command("INFO", "replication") for node in primaries),
+                return_exceptions=True,
+            )
+            # A primary that did not answer keeps what was known of it.
+            self._replicas.update(
+                (node.name, int(info.get("connected_slaves", 0)))
+                for node, info in zip(primaries, infos, strict=True)
+                if isinstance(info, dict)
+            )
+        else:
+            info = await redis_.info("replication")
+            self._replicas = {STANDALONE: int(info.get("connected_slaves", 0))}
+
+    def _reread_slots(self, cluster: RedisCluster) -> None:
+        """Read the Cluster's slot map again, once at a time, in the background."""
+        if self._refresh is None or self._refresh.done():
+            self._replicas_checked = -math.inf  # and its primaries' replicas
+            self._refresh = asyncio.get_running_loop().create_task(_reread(cluster))
 
     async def _write_run(self, flush: Flush) -> Any:
         """One run's flush on a Cluster, bounded: a primary that does not answer (a
@@ -319,6 +521,9 @@ class RedisStore:
         await self._redis.set(_keys(run_id)[4], b"1", px=int(ttl * 1000))
 
     async def aclose(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            await asyncio.gather(self._refresh, return_exceptions=True)
         for client in (self._redis, self._probe):
             if isinstance(client, RedisCluster):
                 await client.aclose()

@@ -6,10 +6,15 @@ checkpoint, and sends them all to the store in one round trip. Marks
 that arrive while a write is in flight coalesce: the next write carries the
 newest state of each run, once. A slow store delays checkpoints, never chunks.
 
-When the store fails, streams go on unprotected: the failure is counted, one
-warning is logged for the whole outage, and the writer retries with backoff.
-The first write after an outage rewrites each run whole (record and full log),
-because a restarted Redis may have lost what it had.
+When the store fails, the writer retries with backoff, and a run's events that
+wait for their checkpoint (``durability: sync``) wait on for ``unprotected_after``
+seconds: long enough for a Redis failover, after which the checkpoint lands on
+the new primary and nothing a client has was lost. Then they go out unprotected
+(``LocalRun.unflushed``): the failure is counted, and one warning is logged for
+the whole outage. The first write after an outage rewrites each run whole
+(record and full log), because a restarted or promoted Redis may have lost what
+it had. A write that no replica acknowledged in time (``Applied.UNREPLICATED``)
+releases its events too, counted apart.
 
 Every write renews the writer's leases on its runs; runs with nothing new get a
 heartbeat write every third of the lease TTL, so a silent owner is a dead one.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Protocol
 
@@ -58,17 +64,22 @@ class CheckpointWriter:
         lease_ttl: float,
         owner_key: bytes | None = None,
         write_timeout: float = 2.0,
+        unprotected_after: float = 0.0,
     ) -> None:
         self.store = store
         self._metrics = metrics
         self._heartbeat = lease_ttl / 3
         self._timeout = write_timeout
+        self._hold = unprotected_after
+        self._failing: dict[str, float] = {}  # run id: loop time its writes began to fail
+        self._outage = 0.0  # loop time the whole store began to fail (while not healthy)
         self._owner_key = owner_key
         self._due: dict[str, Checkpointed] = {}
         self._owned: dict[str, Checkpointed] = {}  # runs whose lease this writer renews
         self._next_heartbeats = 0.0  # loop time of the next scan for runs due a heartbeat
         self._rewrite: set[str] = set()  # runs whose last write failed alone (Applied.FAILED)
         self._written_ok = metrics.checkpoint_writes.labels("ok")
+        self._unreplicated = metrics.checkpoint_writes.labels("unreplicated")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -81,6 +92,14 @@ class CheckpointWriter:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="checkpoints")
+
+    @property
+    def protecting(self) -> bool:
+        """Whether events still wait for their checkpoint: the store is healthy, or has
+        failed for less than ``unprotected_after`` (it may be failing over)."""
+        if self.healthy:
+            return True
+        return asyncio.get_running_loop().time() - self._outage < self._hold
 
     def mark(self, run: Checkpointed) -> None:
         """``run`` has something to checkpoint: written with the next batch."""
@@ -108,6 +127,7 @@ class CheckpointWriter:
     def disown(self, run_id: str) -> None:
         """The run's last checkpoint was written (or it is gone): no more heartbeats."""
         self._owned.pop(run_id, None)
+        self._failing.pop(run_id, None)
 
     async def _loop(self) -> None:
         backoff = 0.1
@@ -125,6 +145,7 @@ class CheckpointWriter:
             except Exception:  # a bug, not the store: streams must not wait on a dead writer
                 logger.exception("checkpoint writer failed; streams go on without checkpoints")
                 self.healthy = False
+                self._outage = -math.inf
                 for run in {**self._owned, **self._due}.values():
                     run.unflushed()
                 written = False
@@ -132,7 +153,7 @@ class CheckpointWriter:
                 backoff = 0.1
             else:
                 await asyncio.sleep(backoff)  # the store is down: retry, a little later each time
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, 1.0)
 
     async def write_due(self) -> bool:
         """Write every due run (and heartbeats) in one round trip; False if the store failed."""
@@ -159,9 +180,12 @@ class CheckpointWriter:
                 applied = await self.store.write(flushes)
         except Exception as exc:  # noqa: BLE001 - any store failure: go on without it
             self._metrics.checkpoint_writes.labels("error").inc(len(batch))
+            now = asyncio.get_running_loop().time()
+            if self.healthy:
+                self._outage = now
             for run in batch:
                 self._due.setdefault(run.id, run)
-                run.unflushed()
+                self._failed(run, now)
             if self.healthy:
                 self.healthy = False
                 logger.warning(
@@ -176,6 +200,7 @@ class CheckpointWriter:
             logger.warning("checkpoint store reachable again; checkpoints resumed")
         written = failed = 0
         failing = bool(self._rewrite)
+        now = asyncio.get_running_loop().time()
         for run, flush, result in zip(batch, flushes, applied, strict=True):
             if result is Applied.FAILED:
                 # The store failed for this run alone (its Cluster primary is down): as
@@ -185,11 +210,15 @@ class CheckpointWriter:
                 failed += 1
                 self._due.setdefault(run.id, run)
                 self._rewrite.add(run.id)
-                run.unflushed()
+                self._failed(run, now)
                 continue
             self._rewrite.discard(run.id)
+            self._failing.pop(run.id, None)
             if result is Applied.FENCED:
                 self._fenced(run)
+            elif result is Applied.UNREPLICATED:
+                self._unreplicated.inc()
+                run.flushed(flush, False)  # its events go out: the counted fallback
             else:
                 written += 1
                 run.flushed(flush, result is Applied.WATCHED)
@@ -207,6 +236,12 @@ class CheckpointWriter:
             logger.warning("checkpoint store reachable again for every run; checkpoints resumed")
         return True
 
+    def _failed(self, run: Checkpointed, now: float) -> None:
+        """A write of ``run`` failed: what it waits for goes out once it has failed for
+        ``unprotected_after`` (a failover that ends sooner loses nothing)."""
+        if now - self._failing.setdefault(run.id, now) >= self._hold:
+            run.unflushed()
+
     def _fenced(self, run: Checkpointed) -> None:
         self._metrics.checkpoint_writes.labels("fenced").inc()
         # Only this run object: a later takeover of the same run here is another one.
@@ -214,6 +249,7 @@ class CheckpointWriter:
             del self._due[run.id]
         if self._owned.get(run.id) is run:
             del self._owned[run.id]
+        self._failing.pop(run.id, None)
         logger.warning(
             "run taken over by another replica while this one was unresponsive past its "
             "lease; stopping it here",
