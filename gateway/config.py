@@ -61,6 +61,10 @@ class Listen(_Model):
     # first byte of its next request); its body may not go silent for this long.
     header_timeout: float = Field(default=15.0, gt=0)
     body_timeout: float = Field(default=30.0, gt=0)
+    # A client that accepts no bytes of its response for this long, while some wait
+    # for it, is disconnected (nginx's send_timeout): a stream it stopped reading goes
+    # on as a detached run, which it can resume.
+    send_timeout: float = Field(default=30.0, gt=0)
 
 
 class Logging(_Model):

@@ -13,7 +13,11 @@ or body. Here, as nginx and Envoy do:
   body silent for ``listen.body_timeout``, nor take longer than that plus its
   declared length at ``MIN_BODY_RATE``; otherwise ``408`` (when no response has
   started) and the connection is closed. Idle keep-alive connections are
-  closed by uvicorn's own keep-alive timeout.
+  closed by uvicorn's own keep-alive timeout;
+- a client that accepts none of its response's bytes for ``listen.send_timeout``
+  while the gateway has some waiting for it (nginx's ``send_timeout``) is
+  disconnected: a stream it stopped reading goes on as a detached run, which it
+  can resume, instead of holding the connection and the run's log forever.
 
 Every refusal has OpenAI's error shape. The limits reach the protocol through the
 lifespan state (``STATE_KEY``), so every worker process gets its own config's.
@@ -44,6 +48,7 @@ class ListenLimits:
     max_headers: int = 100
     header_timeout: float = 15.0
     body_timeout: float = 30.0
+    send_timeout: float = 30.0
 
     @classmethod
     def of(cls, config: GatewayConfig) -> ListenLimits:
@@ -52,6 +57,7 @@ class ListenLimits:
             config.limits.max_headers,
             config.listen.header_timeout,
             config.listen.body_timeout,
+            config.listen.send_timeout,
         )
 
 
@@ -75,6 +81,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str, str] | None = None
         self._lingering = False  # refused: reading only to discard, until closed
         self._body_ends = 0.0  # the whole body's deadline (loop time)
+        self._stall: asyncio.TimerHandle | None = None  # while the client reads nothing
 
     # -- deadlines ------------------------------------------------------------------
 
@@ -104,7 +111,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._unstall()
         super().connection_lost(exc)
+
+    # -- a client that reads nothing ------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full: the client has stopped reading, for now."""
+        super().pause_writing()
+        if self._stall is None:
+            self._stall = self.loop.call_later(self._limits.send_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        self._unstall()
+        super().resume_writing()
+
+    def _unstall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        # Aborted, not closed: a close waits to flush a buffer nobody reads. The
+        # response's send returns, its disconnect arrives, and a run goes on detached.
+        self._stall = None
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:

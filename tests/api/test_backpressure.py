@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
 import time
 from collections.abc import Iterable
 
+import httpx
 import orjson
+import pytest
 
 from tests.raw_upstream import RawRequest, chat_chunk, running_raw_upstream, sse_head
 from tests.servers import gateway_config, running_gateway, wait_for
@@ -57,3 +61,45 @@ def test_a_client_that_stops_reading_pauses_the_upstream_and_then_gets_everythin
             sock.close()
     assert received.count(DELTA.encode()) == DELTAS  # nothing lost while paused
     assert b"data: [DONE]" in received[-64:]
+
+
+def test_a_client_that_reads_nothing_for_the_send_timeout_is_disconnected_and_can_resume(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with running_raw_upstream(fast_large_answer) as upstream:
+        config = gateway_config(
+            upstream.base_url,
+            listen={"send_timeout": 1.0},
+            limits={"max_client_lag_bytes": 256 * 1024},
+        )
+        with running_gateway(config) as gateway:
+            host, port = gateway.url.removeprefix("http://").split(":")
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+                sock.connect((host, int(port)))
+                body = orjson.dumps({"model": "m", "messages": [], "stream": True})
+                sock.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: "
+                    b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                received = bytearray(sock.recv(1024))
+                run_id = received.split(b"x-run-id: ")[1].split(b"\r\n")[0].decode()
+                time.sleep(3)  # reads nothing: disconnected after send_timeout
+                sock.settimeout(10)
+                with contextlib.suppress(ConnectionResetError):
+                    while part := sock.recv(1 << 20):
+                        received += part
+            # Cut off: what the socket buffers held, then the end of the connection,
+            # not of the body.
+            assert not received.endswith(b"\r\n0\r\n\r\n")
+            assert received.count(DELTA.encode()) < DELTAS // 2
+            # The run went on without it, to the end; its client resumes it whole.
+            rest = httpx.get(
+                f"{gateway.base_url}/runs/{run_id}/events",
+                headers={"last-event-id": "0"},
+                timeout=30,
+            )
+    assert rest.status_code == 200
+    assert rest.content.count(DELTA.encode()) == DELTAS
+    assert rest.content.endswith(b"data: [DONE]\n\n")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
