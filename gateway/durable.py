@@ -416,6 +416,7 @@ class LocalRun:
                 self.created,
                 run.adapter.name,
                 run.query,
+                run.fallbacks,
             ).encode()
         accumulator, splicer = run.accumulator, run.splicer
         state = RunState(

@@ -412,7 +412,8 @@ class Runs:
         if checkpoint is None:
             checkpoint = await self._load(store, run_id, credential)
         self._placed(checkpoint, run_id, after)
-        epoch = await store.claim(run_id, self.replica, self.config.lease_ttl)
+        claim = f"{self.replica}/{secrets.token_hex(4)}"  # this claim alone (idempotent)
+        epoch = await store.claim(run_id, claim, self.config.lease_ttl)
         if epoch is None:
             await self._load(store, run_id, credential)  # RunNotFound if it is gone meanwhile
             return None
@@ -425,9 +426,13 @@ class Runs:
             return self._replay(checkpoint, run_id, after, ids) or _nothing()
         self._placed(checkpoint, run_id, after)
         adapter = adapter_named(record.protocol)
-        # The legs that serve the run's protocol, as its first owner had them: the
-        # checkpoint's leg is a position among those.
+        # The legs that serve the run's protocol, as its first owner had them (with the
+        # request's own fallbacks): the checkpoint's leg is a position among those.
         route = self._router.resolve(record.body.get("model"), adapter.name)
+        if record.fallbacks is not None:
+            route = route.with_fallbacks(
+                [self._router.resolve(model, adapter.name).legs[0] for model in record.fallbacks]
+            )
         route = route.serving(adapter.name)
         run = Run(
             run_id=run_id,
@@ -438,6 +443,7 @@ class Runs:
             upstreams=forwarding.upstreams,
             metrics=self.metrics,
             query=record.query,
+            fallbacks=record.fallbacks,
         )
         accumulator = adapter.replay(checkpoint.events)
         for leg, usage in state.usage_by_leg.items():

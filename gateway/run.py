@@ -122,6 +122,7 @@ class Run:
         metrics: Metrics,
         started: float | None = None,
         query: str = "",
+        fallbacks: list[str] | None = None,
     ) -> None:
         self.id = run_id or os.urandom(16).hex()  # as random as uuid4().hex, 4x cheaper
         self.adapter = adapter
@@ -133,6 +134,7 @@ class Run:
         # The client's query string (``?beta=true``), checked, credentials left out
         # (``run_query``): every leg and continuation goes to the adapter's path with it.
         self.query = query
+        self.fallbacks = fallbacks  # the request's own (``route`` has them): for a takeover
         self._path = adapter.path + query
         self._client_authorization = client_authorization
         self._upstreams = upstreams

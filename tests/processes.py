@@ -41,12 +41,20 @@ state:
 
 
 def replica_config(
-    path: Path, chaos_url: str, redis_url: str, *, idle: float = 2, durability: str = "sync"
+    path: Path,
+    chaos_url: str,
+    redis_url: str,
+    *,
+    idle: float = 2,
+    durability: str = "sync",
+    state: Mapping[str, float] | None = None,
 ) -> Path:
-    """Write ``REPLICA_CONFIG`` for this chaos upstream and Redis to ``path``."""
+    """Write ``REPLICA_CONFIG`` for this chaos upstream and Redis to ``path``, with more
+    ``state`` settings if given."""
     config = REPLICA_CONFIG.format(
         chaos=chaos_url, redis=redis_url, idle=idle, durability=durability
     )
+    config += "".join(f"  {name}: {value}\n" for name, value in (state or {}).items())
     path.write_text(config)
     return path
 

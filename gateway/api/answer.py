@@ -42,6 +42,7 @@ class Asked:
     client_authorization: str | None
     started: float
     query: str  # the client's query string as it goes upstream ("" or "?…": run_query)
+    fallbacks: list[str] | None  # the request's own ``fallbacks`` (checked), if any
 
 
 async def asked(request: Request, adapter: Adapter) -> Asked | Response:
@@ -57,11 +58,11 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
     body = await gateway.read_json(request)
     route = gateway.router.resolve(body.get("model"), adapter.name)
     request_log().route = route.name
-    fallbacks = apply_fallbacks(route, body.get("fallbacks"), gateway.router, adapter.name)
-    route = fallbacks.serving(adapter.name)
+    requested = body.get("fallbacks")
+    route = apply_fallbacks(route, requested, gateway.router, adapter.name).serving(adapter.name)
     # A strict upstream refuses fields it does not know.
     body = without_gateway_fields(body)
-    return Asked(gateway, adapter, route, body, client_authorization, started, query)
+    return Asked(gateway, adapter, route, body, client_authorization, started, query, requested)
 
 
 async def answer(request: Request, asked: Asked) -> Response:
@@ -80,6 +81,7 @@ async def answer(request: Request, asked: Asked) -> Response:
         metrics=gateway.metrics,
         started=asked.started,
         query=asked.query,
+        fallbacks=asked.fallbacks,
     )
     request_log().run = run
     headers = {"x-run-id": run.id}

@@ -40,6 +40,7 @@ class RunRecord:
     created: float  # unix time
     protocol: str = "chat"  # the adapter that speaks the run's wire protocol
     query: str = ""  # the client's query string, which every leg's request carries
+    fallbacks: list[str] | None = None  # the request's ``fallbacks`` field, if it had one
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively, fast

@@ -97,11 +97,15 @@ end
 return out
 """
 
-# KEYS: state, lease, epoch; ARGV: replica, lease ms. The run's new epoch, or nil when
-# the lease is held or the run is not stored.
+# KEYS: state, lease, epoch; ARGV: claim (unique to this claim), lease ms. The run's new
+# epoch, or nil when the lease is held or the run is not stored. Idempotent: a claim sent
+# again (its reply was lost, and redis-py retried it) finds its own lease and gets the
+# epoch it raised, instead of losing to itself.
 CLAIM_SCRIPT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+local held = redis.call('GET', KEYS[2])
+if held == ARGV[1] then return tonumber(redis.call('GET', KEYS[3])) end
+if held or redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 local epoch = redis.call('INCR', KEYS[3])
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
@@ -512,9 +516,9 @@ class RedisStore:
         run_id = await self._redis.get(f"rg:alias:{name}")
         return None if run_id is None else bytes(run_id).decode()
 
-    async def claim(self, run_id: str, replica: str, ttl: float) -> int | None:
+    async def claim(self, run_id: str, claim: str, ttl: float) -> int | None:
         _, _, state, lease, _, epoch = _keys(run_id)
-        claimed = await self._claim_script([state, lease, epoch], [replica, int(ttl * 1000)])
+        claimed = await self._claim_script([state, lease, epoch], [claim, int(ttl * 1000)])
         return None if claimed is None else int(claimed)
 
     async def watch(self, run_id: str, ttl: float) -> None:

@@ -52,11 +52,12 @@ class CheckpointStore(Protocol):
 
     async def lease_holder(self, run_id: str) -> str | None: ...
 
-    async def claim(self, run_id: str, replica: str, ttl: float) -> int | None:
+    async def claim(self, run_id: str, claim: str, ttl: float) -> int | None:
         """Take a stored run whose lease expired; exactly one caller wins.
 
         The winner gets the run's new epoch, for its flushes: from then on the
         store refuses the flushes of every earlier holder. Losers get None.
+        ``claim`` names this claim alone: the same claim sent twice wins twice.
         """
 
     async def watch(self, run_id: str, ttl: float) -> None:
@@ -228,11 +229,14 @@ class MemoryStore:
             return None
         return run.lease
 
-    async def claim(self, run_id: str, replica: str, ttl: float) -> int | None:
+    async def claim(self, run_id: str, claim: str, ttl: float) -> int | None:
         run = self._get(run_id)
-        if run is None or run.state is None or await self.lease_holder(run_id) is not None:
+        holder = await self.lease_holder(run_id)
+        if run is not None and holder == claim:
+            return run.epoch
+        if run is None or run.state is None or holder is not None:
             return None
-        run.lease, run.lease_expires = replica, time.monotonic() + ttl
+        run.lease, run.lease_expires = claim, time.monotonic() + ttl
         run.epoch += 1
         return run.epoch
 

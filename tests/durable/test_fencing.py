@@ -29,7 +29,7 @@ from redis.crc import key_slot
 
 from gateway.chaos import ChaosUpstream
 from gateway.checkpoint.model import Applied, Flush, RunRecord, RunState
-from gateway.checkpoint.redis import RedisStore
+from gateway.checkpoint.redis import CLAIM_SCRIPT, RedisStore
 from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
@@ -158,6 +158,80 @@ def test_a_writer_whose_lease_was_taken_over_cannot_overwrite_the_run(
         assert epochs and all(epoch.split(b"}")[0] in runs for epoch in epochs)
         for tag in runs:
             assert len({key_slot(key) for key in keys if key.startswith(tag + b"}")}) == 1
+
+
+class LosesOneReply:
+    """A TCP relay to Redis that drops the reply to the first command carrying
+    ``marker`` and closes that connection, as a network that fails right after Redis
+    ran the command does: the client cannot tell whether it ran."""
+
+    def __init__(self, target: tuple[str, int], marker: bytes) -> None:
+        self.target, self.marker = target, marker
+        self.dropped = 0
+        self.port = 0
+
+    async def start(self) -> asyncio.Server:
+        server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        return server
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        drop = asyncio.Event()
+
+        async def upward() -> None:
+            while data := await reader.read(65536):
+                if self.marker in data and not self.dropped:
+                    self.dropped += 1
+                    drop.set()
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def downward() -> None:
+            while data := await up_reader.read(65536):
+                if drop.is_set():
+                    writer.transport.abort()  # the reply never arrives
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        tasks = [asyncio.create_task(upward()), asyncio.create_task(downward())]
+        with contextlib.suppress(Exception):
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        writer.close()
+        up_writer.close()
+
+
+def test_a_claim_whose_reply_was_lost_and_retried_is_still_won(redis_server: RedisServer) -> None:
+    # redis-py sends a command that failed on its connection once more (gateway.
+    # checkpoint.redis.RETRY_ON). For a claim that did run, that second try used to
+    # find the lease taken, by this very claim: the winner thought it had lost, and
+    # its client waited a lease_ttl for nobody.
+    host, port = redis_server.url.removeprefix("redis://").split("/")[0].split(":")
+
+    async def go() -> None:
+        async with opened(redis_server.url) as direct:
+            run = run_id()
+            record = RunRecord(run, "owner", "*", {"model": "m"}, 0.0).encode()
+            await direct.write([flush(run, "A", 1, [event("a")], record=record, lease=None)])
+            # The claim script is loaded, so that its first EVALSHA runs: its reply is lost.
+            client = redis.Redis.from_url(redis_server.url)
+            sha = client.script_load(CLAIM_SCRIPT)
+            client.close()
+            relay = LosesOneReply((host, int(port)), sha.encode())
+            server = await relay.start()
+            try:
+                async with opened(f"redis://127.0.0.1:{relay.port}/0") as store:
+                    assert await store.claim(run, "B#1", 5) == 1
+                    assert relay.dropped == 1  # the first try's reply was lost
+                    assert await direct.lease_holder(run) == "B#1"
+                    assert await store.claim(run, "C#1", 5) is None  # another claim loses
+            finally:
+                server.close()
+
+    asyncio.run(go())
 
 
 def test_a_stale_writer_cannot_bring_back_a_run_its_new_owner_deleted(

@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -38,7 +39,8 @@ from tests.durable.two_replicas import (
     sdk,
     state,
 )
-from tests.processes import DEADLINE, Replica, Replicas, wait_until
+from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
+from tests.redis_server import local_redis
 
 # -- live tail ------------------------------------------------------------------------
 
@@ -173,6 +175,73 @@ def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
     assert prefix and expected_answer(model).text.startswith(prefix)
     assert state(store, run_id)["status"] == "done"
     assert not lease_held(store, run_id)
+
+
+def test_a_requests_own_fallbacks_survive_a_takeover(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+) -> None:
+    # The primary answers 500 to every request: A moves to the request's own fallback
+    # (its ``fallbacks`` field), and dies there. B must go on with that leg, as A had it.
+    primary = "chaos:text=20,seed=70,fault=http_500"
+    fallback = "chaos:text=80,seed=71,pace_ms=25"
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with sdk(a) as client_a:
+        raw = client_a.chat.completions.with_raw_response.create(
+            model=primary, messages=MESSAGES, stream=True, extra_body={"fallbacks": [fallback]}
+        )
+        run_id, stream = raw.headers["x-run-id"], raw.parse()
+        for chunk in stream:
+            received.feed(chunk)
+            if received.chunks == 8:
+                break
+        kill_behind(a, store, run_id, received)
+        stream.close()
+    assert state(store, run_id)["leg"] == 1  # on the fallback when A died
+    with sdk(b) as client_b:
+        resume(client_b, primary, run_id, received)
+    assert_whole_text_answer(received, fallback)
+    assert b.resumed("takeover") == 1
+    first, continuation = chaos.requests_for(fallback)
+    assert continued_prefix(continuation)  # B continued the fallback's answer
+
+
+def test_redis_down_then_the_replica_dead_ends_in_the_explicit_error(
+    chaos: ChaosUpstream, tmp_path: Path
+) -> None:
+    # Redis stops answering (frozen); after unprotected_after, A's events go out
+    # unprotected, so its client gets ahead of the store; then A dies and Redis comes
+    # back. No count of B's new events is that client's text: it gets the error.
+    model = "chaos:text=120,seed=72,pace_ms=25,sample=1"
+    settings = {"unprotected_after": 0.3, "wait_timeout": 0.3}
+    with local_redis() as server:
+        config = replica_config(
+            tmp_path / "gateway.yaml", chaos.base_url, server.url, state=settings
+        )
+        redis_process = server.process
+        assert redis_process is not None
+        with Replicas(config, tmp_path) as replicas:
+            a, b = replicas.start("A", "B")
+            received = Received()
+            with sdk(a) as client_a:
+                run_id, stream = start(client_a, model, received, 6)
+                redis_process.send_signal(signal.SIGSTOP)
+                try:
+                    held = received.chunks
+                    for chunk in stream:  # events come again once they go out unprotected
+                        received.feed(chunk)
+                        if received.chunks >= held + 10:
+                            break
+                    a.freeze()
+                    a.kill()
+                    drain(stream, received)
+                finally:
+                    redis_process.send_signal(signal.SIGCONT)
+            with sdk(b) as client_b, pytest.raises(openai.APIError) as raised:
+                resume(client_b, model, run_id, received)
+            assert raised.value.code == "resume_not_exact"
+            assert b.resumes()[("takeover", "not_exact")] == 1
+            assert len(chaos.requests_for(model)) == 1  # nothing continued upstream
 
 
 def test_a_client_ahead_of_the_checkpoint_is_told_its_answer_cannot_be_resumed_exactly(
