@@ -252,3 +252,16 @@ def test_the_harness_pauses_its_collector_only_while_it_measures() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_replication_benchmark_waits_for_the_replica_and_loses_no_frame() -> None:
+    run = bench_module("bench.replication", "--streams", "8", "--rounds", "1")
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| 8 |")]
+    assert len(rows) == 2, run.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[-1] == "0" and cells[-2].endswith("of 8"), row  # every stream, no error
+        assert float(cells[3]) > 0.5, row  # frames/s against the primary-only gateway
+    written = run.stdout.split("checkpoint writes: ")[1]
+    acknowledged = int(written.split(" ")[0])
+    assert acknowledged > 0 and "0 not in time" in written, run.stdout
