@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import redis
 
 from gateway.chaos import ChaosUpstream
 from tests.processes import Replicas, replica_config
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_cluster import RedisClusterNodes, running_cluster
+from tests.redis_server import RedisSentinels, RedisServer, running_redis, running_sentinels
 
 
 @pytest.fixture(scope="module")
@@ -48,4 +50,16 @@ def async_replicas(
     config = replica_config(path, chaos.base_url, redis_server.url, durability="async")
     chaos.requests.clear()
     with Replicas(config, folder) as running:
+        yield running
+
+
+@pytest.fixture(params=["sentinel", "cluster"])
+def topology(request: pytest.FixtureRequest) -> Iterator[RedisSentinels | RedisClusterNodes]:
+    """A Redis with a replica that fails over in seconds: Sentinel or Cluster."""
+    manager: AbstractContextManager[RedisSentinels | RedisClusterNodes]
+    if request.param == "sentinel":
+        manager = running_sentinels(down_after_ms=1000, failover_timeout_ms=3000)
+    else:
+        manager = running_cluster(3, replicas=1, node_timeout=1000)
+    with manager as running:
         yield running

@@ -21,9 +21,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +34,8 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from tests.api.streams import MESSAGES
 from tests.durable.two_replicas import AUTH, sdk
 from tests.processes import DEADLINE, Replica, Replicas, replica_config
-from tests.redis_cluster import RedisClusterNodes, running_cluster
-from tests.redis_server import RedisSentinels, RedisServer, running_sentinels
+from tests.redis_cluster import RedisClusterNodes
+from tests.redis_server import RedisSentinels, RedisServer
 
 STREAMS = 12
 DOORS = ["x-resume-from", "last-event-id", "starting_after"]
@@ -210,17 +208,6 @@ def verdict(chaos: ChaosUpstream, client: Client) -> str:
 
 
 # -- the topologies ----------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sentinel", "cluster"])
-def topology(request: pytest.FixtureRequest) -> Iterator[RedisSentinels | RedisClusterNodes]:
-    manager: AbstractContextManager[RedisSentinels | RedisClusterNodes]
-    if request.param == "sentinel":
-        manager = running_sentinels(down_after_ms=1000, failover_timeout_ms=3000)
-    else:
-        manager = running_cluster(3, replicas=1, node_timeout=1000)
-    with manager as running:
-        yield running
 
 
 def primary_and_replica(

@@ -12,8 +12,6 @@ differently.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import orjson
@@ -24,8 +22,8 @@ from gateway.chaos import ChaosUpstream
 from tests.api.streams import Received, assert_whole_text_answer, resume, start
 from tests.durable.two_replicas import drain, sdk
 from tests.processes import Replicas, replica_config, wait_until
-from tests.redis_cluster import RedisClusterNodes, running_cluster
-from tests.redis_server import RedisSentinels, RedisServer, running_sentinels
+from tests.redis_cluster import RedisClusterNodes
+from tests.redis_server import RedisSentinels, RedisServer
 
 
 def _state(topology: RedisSentinels | RedisClusterNodes, run_id: str) -> dict[str, object] | None:
@@ -44,19 +42,6 @@ def _state(topology: RedisSentinels | RedisClusterNodes, run_id: str) -> dict[st
     except (redis.RedisError, RuntimeError, StopIteration):
         return None
     return None if raw is None else dict(orjson.loads(raw))
-
-
-@pytest.fixture(params=["sentinel", "cluster"])
-def topology(
-    request: pytest.FixtureRequest,
-) -> Iterator[RedisSentinels | RedisClusterNodes]:
-    manager: AbstractContextManager[RedisSentinels | RedisClusterNodes]
-    if request.param == "sentinel":
-        manager = running_sentinels(down_after_ms=1000, failover_timeout_ms=3000)
-    else:
-        manager = running_cluster(3, replicas=1, node_timeout=1000)
-    with manager as running:
-        yield running
 
 
 @pytest.mark.timeout(120)

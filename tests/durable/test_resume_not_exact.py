@@ -105,7 +105,9 @@ def test_a_responses_client_ahead_of_the_log_is_refused_by_starting_after(
     model = PACED.format(seed=82)
     with sdk.responses.create(model=model, input="x", stream=True) as stream:
         first = [event for event, _ in zip(stream, range(8), strict=False)]
-    response_id = first[0].response.id
+    created = first[0]
+    assert created.type == "response.created"
+    response_id = created.response.id
     wait_for(lambda: sample(gateway, "gateway_detached_runs_cancelled_total") == 1)
     with pytest.raises(openai.ConflictError) as raised:
         sdk.responses.retrieve(response_id, stream=True, starting_after=FAR)
