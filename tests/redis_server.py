@@ -113,12 +113,18 @@ def _wait_until_up(url: str) -> None:
         client.close()
 
 
+def redis_container() -> Any:
+    """testcontainers' Redis container class, from where it lives since 4.15 (the old
+    ``testcontainers.redis`` warns, and the tests turn warnings into errors)."""
+    from testcontainers.community.redis import RedisContainer  # noqa: PLC0415 - Docker only
+
+    return RedisContainer
+
+
 @contextlib.contextmanager
 def running_redis() -> Iterator[RedisServer]:
     if _docker_answers():
-        from testcontainers.redis import RedisContainer
-
-        with RedisContainer("redis:7-alpine") as container:
+        with redis_container()("redis:7-alpine") as container:
             host = container.get_container_host_ip()
             port = container.get_exposed_port(6379)
             yield RedisServer(f"redis://{host}:{port}/0", container=container)
