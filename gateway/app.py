@@ -25,7 +25,6 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api import ops
 from gateway.api.chat import chat_completions
-from gateway.api.inbound import speaks_anthropic
 from gateway.api.messages import create_message
 from gateway.api.passthrough import list_models, passthrough
 from gateway.api.responses import create_response, retrieve_response
@@ -33,6 +32,7 @@ from gateway.api.runs import run_events
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.context import Gateway
 from gateway.errors import GatewayError, error_body
+from gateway.inbound import speaks_anthropic
 from gateway.listen import STATE_KEY, ListenLimits
 from gateway.metrics import Metrics, process_exited, sweep_dead_workers
 from gateway.observe import CLIENT_CLOSED, Observer, request_log

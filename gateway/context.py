@@ -8,10 +8,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from gateway.api.inbound import ClientAuth, read_body, read_json_object
 from gateway.checkpoint.redis import RedisStore
 from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.config import GatewayConfig, State
+from gateway.inbound import ClientAuth, read_body, read_json_object
 from gateway.metrics import Metrics
 from gateway.resume import Runs
 from gateway.upstream.breaker import CircuitState

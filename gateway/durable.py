@@ -30,7 +30,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.checkpoint.model import (
     FINAL_STATUSES,
@@ -42,12 +42,36 @@ from gateway.checkpoint.model import (
     owner_hash,
     split_events,
 )
+from gateway.checkpoint.writer import CheckpointWriter
+from gateway.config import State
+from gateway.metrics import Metrics
 from gateway.protocols import Adapter
 from gateway.recovery.classify import Cause
 from gateway.run import Run
 
-if TYPE_CHECKING:
-    from gateway.resume import Runs
+
+class Host(Protocol):
+    """What a ``LocalRun`` needs of the runs of its process (``gateway.resume.Runs``)."""
+
+    config: State
+    metrics: Metrics
+    writer: CheckpointWriter | None
+    replica: str  # this process's name, on the leases of its runs
+    max_client_lag: int  # bytes a follower may fall behind its run
+
+    @property
+    def shared(self) -> bool:
+        """Other replicas read this process's checkpoints (a Redis store)."""
+
+    def alias(self, name: object, local: LocalRun) -> None:
+        """Let ``name``, the answer's own id, find ``local``'s run."""
+
+    def ended(self, local: LocalRun) -> None:
+        """``local``'s producer has finished: its last checkpoint, and forgetting it."""
+
+    def shutdown_event(self, run_id: str, adapter: Adapter, events: int) -> bytes: ...
+
+    def lost_event(self, run_id: str, adapter: Adapter, events: int) -> bytes: ...
 
 
 def render(numbered: Iterable[tuple[int, bytes]], *, ids: bool) -> bytes:
@@ -210,7 +234,7 @@ class LocalRun:
 
     def __init__(
         self,
-        runs: Runs,
+        runs: Host,
         run: Run,
         log: RunLog,
         *,

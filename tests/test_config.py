@@ -7,11 +7,11 @@ import pytest
 from gateway.config import (
     ConfigError,
     default_config,
-    describe,
     interpolate_env,
     load_config,
     parse_config,
 )
+from gateway.describe import describe
 from gateway.upstream.routes import Router
 
 EXAMPLE = Path(__file__).parent.parent / "config.example.yaml"

@@ -13,11 +13,11 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from gateway.api.fields import apply_fallbacks, without_gateway_fields
-from gateway.api.inbound import credential, speaks_anthropic
 from gateway.api.passthrough import upstream_error_response
 from gateway.api.runs import RunStream, disconnected, resume_stream
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
+from gateway.inbound import credential, speaks_anthropic
 from gateway.observe import CLIENT_CLOSED, request_log
 from gateway.protocols import Adapter
 from gateway.recovery.classify import RETRYABLE_STATUSES

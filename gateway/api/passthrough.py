@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.api.fields import without_gateway_fields
-from gateway.api.inbound import client_protocol
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure, sse_error_event
+from gateway.inbound import client_protocol
 from gateway.upstream.headers import end_to_end_headers, forwarded_request_headers
 from gateway.upstream.routes import ResolvedLeg
 from gateway.upstream.target import relay_target

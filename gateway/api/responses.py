@@ -28,11 +28,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.answer import answer, asked
-from gateway.api.inbound import credential
 from gateway.api.passthrough import passthrough
 from gateway.api.runs import RunStream, no_events, parse_offset, resume_run
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, ServiceUnavailable
+from gateway.inbound import credential
 from gateway.protocols import RESPONSES
 from gateway.protocols.responses import input_items
 

@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.inbound import credential
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
+from gateway.inbound import credential
 from gateway.observe import ObservedSend, request_log
 from gateway.resume import Forwarding
 
