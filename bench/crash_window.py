@@ -4,7 +4,7 @@
 
 If a replica dies, a resumer continues from the last checkpoint; whatever the
 client received after it is the window in which a sampling model's text may be
-regenerated differently (README, "Durable runs"). This runs the gateway
+regenerated differently (docs/durable-runs.md). This runs the gateway
 in-process against its own ``redis-server`` and the chaos upstream, streams
 ``--streams`` concurrent answers (64 deltas, 20 ms apart), and samples every
 millisecond, for every running run, ``events released to clients − events

@@ -17,7 +17,7 @@ While they run, the infrastructure fails: Redis is SIGKILLed and restarted on
 the same port (``--redis-kill-at``: fractions of the streams done), and a
 gateway replica is SIGKILLed and restarted (``--replica-kill-at``; several
 fractions kill the replicas in turn). A client whose connection breaks resumes
-on the other replica, as README "Resuming a stream" says: the same call with
+on the other replica, as docs/durable-runs.md, "Resuming a stream", says: the same call with
 ``x-run-id`` (from the first response) and ``x-resume-from`` (the chunks it has),
 and appends what it gets. A client that could not even connect starts afresh on
 the other replica.

@@ -97,7 +97,7 @@ class TimeoutOverrides(_Model):
 
 
 class Circuit(_Model):
-    """Circuit breaking for one upstream (README, "Recovery")."""
+    """Circuit breaking for one upstream (docs/recovery.md)."""
 
     # Failures in a row (connect error, 5xx/529, first-byte timeout, broken stream)
     # that open the circuit; 0 disables circuit breaking for the upstream.
@@ -115,7 +115,7 @@ def _parses(url: str) -> bool:
 
 
 class Tls(_Model):
-    """How an upstream's TLS is checked (README, "Networks")."""
+    """How an upstream's TLS is checked (docs/configuration.md, "Networks")."""
 
     # A PEM bundle of the CAs to trust (a private vLLM, a TLS-inspecting proxy); unset:
     # SSL_CERT_FILE / SSL_CERT_DIR when set, else the certifi bundle httpx uses.
@@ -146,7 +146,7 @@ class Upstream(_Model):
     anthropic_version: str = ANTHROPIC_VERSION
     timeouts: Timeouts = Timeouts()
     # Default: prompt; prefill on an anthropic upstream (a model that refuses it is
-    # continued in prompt mode from then on: README, "Anthropic Messages").
+    # continued in prompt mode from then on: docs/protocols/messages.md).
     continuation: Continuation = "prompt"
     # Continuation is a property of the model: globs of model names (first match
     # wins) with their own mode, e.g. {"claude-*": prompt} on an upstream whose
@@ -241,8 +241,8 @@ class Retry(_Model):
 
 
 class MinThroughput(_Model):
-    """The slowest a route's stream may be before it moves to the next leg (README,
-    "Recovery"): characters of content, reasoning and tool-call arguments per second
+    """The slowest a route's stream may be before it moves to the next leg
+    (docs/recovery.md): characters of content, reasoning and tool-call arguments per second
     over the last ``window`` seconds, checked from ``grace`` seconds after the leg's
     first event. Silence is the idle timeout's business, not this."""
 

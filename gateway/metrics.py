@@ -183,7 +183,8 @@ class Metrics:
 
         self.checkpoint_writes = Counter(
             "gateway_checkpoint_writes_total",
-            "Run checkpoints written to the store, by result (ok, error).",
+            "Run checkpoints written to the store, by result (ok; unreplicated: no replica "
+            "acknowledged in time; error; fenced: another replica took the run over).",
             ["result"],
             registry=r,
         )
@@ -201,7 +202,8 @@ class Metrics:
         )
         self.resumes = Counter(
             "gateway_resumes_total",
-            "Client resumes, by kind (local, replay, tail, takeover) and outcome.",
+            "Client resumes, by kind (local, replay, tail, takeover) and outcome (ok; not_exact: "
+            "a position beyond the stored log, refused; error; not_found).",
             ["kind", "outcome"],
             registry=r,
         )

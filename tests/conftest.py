@@ -9,9 +9,10 @@ from openai import OpenAI
 from gateway.chaos import ChaosUpstream, running_chaos_upstream
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
-# Upstreams are reached through the environment's proxy (README, "Networks"): one set on
-# the machine running the tests must not carry the suite's loopback traffic (the
-# gateways in this process and the replica processes it starts read this environment).
+# Upstreams are reached through the environment's proxy (docs/configuration.md,
+# "Networks"): one set on the machine running the tests must not carry the suite's
+# loopback traffic (the gateways in this process and the replica processes it starts
+# read this environment).
 for _name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
     os.environ.pop(_name, None)
     os.environ.pop(_name.upper(), None)

@@ -1,6 +1,6 @@
 """Resuming a run: ``GET /v1/runs/{id}/events`` and the resume headers of chat completions.
 
-Two doors to the same thing (README, "Resuming a stream"):
+Two doors to the same thing (docs/durable-runs.md, "Resuming a stream"):
 
 - ``GET /v1/runs/{run_id}/events`` for EventSource-style clients: every event
   carries ``id: N`` (its number in the run), and ``Last-Event-ID: N`` (or

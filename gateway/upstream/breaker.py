@@ -13,7 +13,7 @@ a probe that never reports (its client left mid-way, a 429) frees the slot after
 another ``cooldown``, so a lost probe cannot keep the upstream out for good.
 
 Pure: the clock is injected, nothing here sleeps or does I/O. Per process by
-design (README, "Recovery"): each worker and replica learns on its own.
+design (docs/recovery.md): each worker and replica learns on its own.
 """
 
 from __future__ import annotations
