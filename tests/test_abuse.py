@@ -7,7 +7,7 @@ than its limit between reads (ARCHITECTURE.md 6a: one SSE line/event is bounded)
 or yields a target that stays on the configured upstream (6a: nothing from the
 request can change the authority).
 
-The end-to-end test runs ``python -m bench.abuse --quick`` as CI would: real
+The end-to-end test runs ``python -m probes.abuse --quick`` as CI would: real
 gateway processes, the chaos upstream, a raw upstream and a victim listener, and
 asserts that every probe met its expectation (read from its JSON report).
 """
@@ -195,7 +195,7 @@ def quick_run(
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out = tmp_path_factory.mktemp("abuse")
     run = subprocess.run(
-        [sys.executable, "-m", "bench.abuse", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "probes.abuse", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
-"""The chaos soak (``python -m bench.soak``): its verdicts, and a short run end to end.
+"""The chaos soak (``python -m probes.soak``): its verdicts, and a short run end to end.
 
-The verdict tests feed ``bench.soak_check.classify`` hand-made client views of
+The verdict tests feed ``probes.soak.check.classify`` hand-made client views of
 one spec's answer (from ``expected_answer``, as the soak does), so each outcome
 and defect is pinned without a process. The end-to-end test runs the real soak,
 as CI would: 60 streams through two gateway replicas sharing a redis-server,
@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.soak_check import STREAM_FAULTS, Received, classify, is_subsequence, random_spec
 from gateway.chaos import expected_answer, parse_spec
+from probes.soak.check import STREAM_FAULTS, Received, classify, is_subsequence, random_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "chaos:text=30,seed=7,usage=1"
@@ -147,7 +147,7 @@ def test_short_soak_with_redis_and_a_replica_killed_has_only_exact_answers(
     tmp_path: Path,
 ) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--streams", "60", "--concurrency", "8"]
+        [sys.executable, "-m", "probes.soak", "--streams", "60", "--concurrency", "8"]
         + ["--redis-kill-at", "0.25", "--replica-kill-at", "0.55", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,

@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from bench.abuse_lab import CLIENT_KEY, KINDS, MB, SECRET, Gateway, Lab, ProbeResult, observed
-from bench.abuse_net import RawResponse, exchange, request_head
+from probes.abuse.lab import CLIENT_KEY, KINDS, MB, SECRET, Gateway, Lab, ProbeResult, observed
+from probes.abuse.net import RawResponse, exchange, request_head
 
 TRACEBACK = re.compile(rb"Traceback \(most recent call last\)|File \"[^\"]+\", line \d+")
 AUTH = ("authorization", f"Bearer {CLIENT_KEY}")

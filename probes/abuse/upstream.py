@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from bench.abuse_net import RawRequest
+from probes.abuse.net import RawRequest
 
 FLOOD_DELTA = 32 * 1024
 MB = 1024 * 1024

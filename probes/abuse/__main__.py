@@ -1,8 +1,8 @@
 """An abuse suite: hostile clients and upstreams against a real gateway, with its RSS and fds.
 
-    .venv/bin/python -m bench.abuse                 # full sizes (200 MB lines, 2,200 slow sockets)
-    .venv/bin/python -m bench.abuse --quick         # small sizes for CI, well under a minute
-    .venv/bin/python -m bench.abuse --quick --only 2,7 --out /tmp/abuse
+    .venv/bin/python -m probes.abuse                 # full sizes (200 MB lines, 2,200 slow sockets)
+    .venv/bin/python -m probes.abuse --quick         # small sizes for CI, well under a minute
+    .venv/bin/python -m probes.abuse --quick --only 2,7 --out /tmp/abuse
 
 It starts its own processes (``bench.procs``): the chaos upstream
 (``resumable-gateway chaos-upstream``), and for each probe a fresh gateway
@@ -11,12 +11,12 @@ and was freed in one probe would hide the next one's growth) whose upstreams
 carry a known ``api_key``: base URLs ending in ``/v1`` (the chaos upstream for
 pass-through, the raw one for ``raw-*`` models), or, for probe 1b, a base URL
 without a path. In this process run a scripted raw upstream
-(``bench.abuse_upstream``: bytes the chaos upstream cannot send) and a *victim*
+(``probes.abuse.upstream``: bytes the chaos upstream cannot send) and a *victim*
 listener that no config names. Each probe (ARCHITECTURE.md section 6a) runs while
 the gateway's RSS is sampled every 50 ms (``/proc/PID/status``) and its open
 descriptors are counted:
 
-1. SSRF paths (``bench.abuse_inbound``) against both gateways;
+1. SSRF paths (``probes.abuse.inbound``) against both gateways;
 2. a huge SSE line without an end, five times;
 3. clients that read the headers of a fast, large stream and then nothing;
 4. invalid UTF-8 in content deltas;
@@ -47,18 +47,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.abuse_inbound import probe_big_header, probe_malformed, probe_slowloris, probe_ssrf
-from bench.abuse_lab import BIN, SECRET, Lab, Limits, ProbeResult, Sizes
-from bench.abuse_net import RawUpstream, Victim, raised_fd_limit, socket_inodes
-from bench.abuse_streams import (
+from bench.procs import commit, free_ports, http_ok, machine, spawned, wait_ready, write_report
+from probes.abuse.inbound import probe_big_header, probe_malformed, probe_slowloris, probe_ssrf
+from probes.abuse.lab import BIN, SECRET, Lab, Limits, ProbeResult, Sizes
+from probes.abuse.net import RawUpstream, Victim, raised_fd_limit, socket_inodes
+from probes.abuse.streams import (
     probe_disconnect,
     probe_huge_line,
     probe_invalid_utf8,
     probe_key_echo,
     probe_never_read,
 )
-from bench.abuse_upstream import RawAnswers
-from bench.procs import commit, free_ports, http_ok, machine, spawned, wait_ready, write_report
+from probes.abuse.upstream import RawAnswers
 
 KEY_ENV = "ABUSE_UPSTREAM_KEY"  # the configs say ${ABUSE_UPSTREAM_KEY}: no key in a file
 UPSTREAM_SEND_BUFFER = 128 * 1024  # the raw upstream's SO_SNDBUF: back-pressure shows early
@@ -119,7 +119,7 @@ PROBES: list[tuple[str, Callable[[Lab], ProbeResult]]] = [
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.abuse", description=(__doc__ or "").split("\n\n")[0]
+        prog="python -m probes.abuse", description=(__doc__ or "").split("\n\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and counts (CI)")
     parser.add_argument("--out", type=Path, help="report and logs (default: a new temp dir)")
@@ -208,7 +208,7 @@ def build_report(
     ordered = sorted(results, key=lambda r: (r.number.rstrip("ab").zfill(3), r.number))
     return {
         "meta": {
-            "command": "python -m bench.abuse " + shlex.join(sys.argv[1:]),
+            "command": "python -m probes.abuse " + shlex.join(sys.argv[1:]),
             "quick": args.quick,
             "sizes": vars(Sizes.of(args.quick)),
             "limits": vars(Limits()),

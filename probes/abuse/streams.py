@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.abuse_inbound import AUTH, openai_error
-from bench.abuse_lab import MB, SECRET, Lab, ProbeResult, observed
-from bench.abuse_net import Meter, RawResponse, exchange, request_head, socket_inodes, sse_payloads
-from bench.abuse_upstream import UTF8_DELTAS
+from probes.abuse.inbound import AUTH, openai_error
+from probes.abuse.lab import MB, SECRET, Lab, ProbeResult, observed
+from probes.abuse.net import Meter, RawResponse, exchange, request_head, socket_inodes, sse_payloads
+from probes.abuse.upstream import UTF8_DELTAS
 
 JSON = ("content-type", "application/json")
 MESSAGES = [{"role": "user", "content": "Say hello."}]

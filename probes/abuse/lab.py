@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.abuse_net import Meter, RawUpstream, Victim, rss_kb
 from bench.procs import free_ports, http_ok, spawned, wait_ready
+from probes.abuse.net import Meter, RawUpstream, Victim, rss_kb
 
 BIN = Path(sys.executable).with_name("resumable-gateway")
 

@@ -1,6 +1,6 @@
 """The soak's pure half: random chaos specs, what a client assembled, and the verdict on it.
 
-No processes, no sockets: ``bench.soak`` runs the streams and calls these. The
+No processes, no sockets: ``probes.soak`` runs the streams and calls these. The
 expected answer always comes from ``gateway.chaos.expected_answer(spec)``, the
 one definition of what an uninterrupted answer to a spec is.
 

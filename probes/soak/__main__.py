@@ -1,14 +1,14 @@
 """A chaos soak: many faulted streams through two replicas, every answer checked exactly.
 
-    .venv/bin/python -m bench.soak                       # 1000 streams, concurrency 16
-    .venv/bin/python -m bench.soak --streams 60 --concurrency 8 --out /tmp/soak
+    .venv/bin/python -m probes.soak                       # 1000 streams, concurrency 16
+    .venv/bin/python -m probes.soak --streams 60 --concurrency 8 --out /tmp/soak
 
 It starts its own processes (``bench.procs``): a redis-server on a free port,
 the chaos upstream (``resumable-gateway chaos-upstream``) and two gateway
 replicas (``resumable-gateway serve``) sharing that Redis. Then it runs
 ``--streams`` streams, ``--concurrency`` at a time, through the official openai
 SDK (``AsyncOpenAI``, ``stream=True``, ``include_usage``), each with its own
-random chaos spec (``bench.soak_check.random_spec``): a text of 5-120 deltas,
+random chaos spec (``probes.soak.check.random_spec``): a text of 5-120 deltas,
 sometimes tool calls and reasoning, a fault (reset, close, stall, error,
 error_done, finish_error, no_finish, malformed) at a random delta, once or twice
 (``times=``), sometimes cut into random byte chunks (``split=``).
@@ -23,7 +23,7 @@ and appends what it gets. A client that could not even connect starts afresh on
 the other replica.
 
 Each stream's assembled answer is compared with ``expected_answer(spec)``
-(``bench.soak_check.classify``): exact, tool calls cut by design, ended with an
+(``probes.soak.check.classify``): exact, tool calls cut by design, ended with an
 error, or defective (lost, duplicated, silently wrong, missing usage, broken
 tool JSON, other contract breaks, timed out). The table goes to stdout, the
 JSON report (every stream, every infrastructure event, the replicas' metrics)
@@ -71,7 +71,7 @@ from bench.procs import (
     wait_ready,
     write_report,
 )
-from bench.soak_check import (
+from probes.soak.check import (
     ACCEPTABLE,
     DEFECTS,
     OUTCOMES,
@@ -141,7 +141,7 @@ def fractions(value: str) -> list[float]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.soak", description=(__doc__ or "").split("\n\n")[0]
+        prog="python -m probes.soak", description=(__doc__ or "").split("\n\n")[0]
     )
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -581,7 +581,7 @@ def build_report(
     killed = [r for r in records if r.resumed_after_kill]
     return {
         "meta": {
-            "command": "python -m bench.soak " + shlex.join(sys.argv[1:]),
+            "command": "python -m probes.soak " + shlex.join(sys.argv[1:]),
             "streams": len(soak.specs),
             "concurrency": args.concurrency,
             "seed": args.seed,

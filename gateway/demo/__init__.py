@@ -1,0 +1,46 @@
+"""``resumable-gateway demo``: broken streams arriving whole, in a minute, without an API key.
+
+Starts the chaos upstream (``gateway.chaos``) and a gateway in front of it, in this
+process on free loopback ports, with in-memory state. Then it streams a few answers
+that the upstream breaks on purpose (a reset, a stall, an error event, a truncated
+body, a half-written tool call, and one error that must not be retried) and prints,
+for each: the text as the client receives it, live; what broke (the gateway's
+interruption metrics); how it was rescued (its recovery metrics, and the
+continuation request the upstream recorded); and whether the answer is
+byte-identical to an unbroken one (``expected_answer``).
+
+The client is plain httpx + httpx-sse, as someone without the openai package would
+write it: content and tool-call deltas, ``finish_reason``, an in-band
+``{"error": ...}`` event, ``[DONE]``. One more scene speaks the Responses API
+(``POST /v1/responses``) through the openai SDK's ``client.responses.stream()``,
+which checks the event order strictly, and one the Anthropic Messages API
+(``POST /v1/messages``, an ``anthropic`` upstream on the same chaos server) through
+the anthropic SDK's ``client.messages.stream()``, with extended thinking and a
+tool. Each is skipped, with a note, when its SDK is not installed (both are
+development dependencies).
+"""
+
+from __future__ import annotations
+
+from gateway.demo.checks import (
+    differences,
+    messages_differences,
+    responses_differences,
+    surfaced_cleanly,
+)
+from gateway.demo.client import Received
+from gateway.demo.scenes import MESSAGES, RESPONSES, SCENARIOS, Scenario
+from gateway.demo.stage import run_demo
+
+__all__ = [
+    "MESSAGES",
+    "RESPONSES",
+    "SCENARIOS",
+    "Scenario",
+    "Received",
+    "differences",
+    "messages_differences",
+    "responses_differences",
+    "surfaced_cleanly",
+    "run_demo",
+]

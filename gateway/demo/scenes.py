@@ -1,0 +1,113 @@
+"""The demo's scenes: what the chaos upstream breaks, and the gateway in front of it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, parse_config
+from gateway.metrics import Metrics
+from gateway.serve import in_thread
+
+IDLE_TIMEOUT = 1.0  # seconds without a byte before the gateway calls a stream stalled
+PACE_MS = 35  # between the upstream's deltas, so the answers arrive as a model's would
+
+
+CHAT, RESPONSES, MESSAGES = "chat", "responses", "messages"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    title: str  # what breaks, and where
+    spec: str  # the chaos model name, without pacing; times=1: only the first request breaks
+    rescuable: bool = True
+    # Chat completions (httpx), the Responses API (the openai SDK), or the Anthropic
+    # Messages API (the anthropic SDK).
+    api: str = CHAT
+
+
+SCENARIOS = (
+    Scenario(
+        "Connection reset (TCP RST) after 12 of 32 text deltas",
+        "chaos:text=32,fault=reset,at=12,times=1",
+    ),
+    Scenario(
+        f"The upstream goes silent after 18 of 32 text deltas (idle timeout: {IDLE_TIMEOUT:g} s)",
+        "chaos:text=32,seed=1,fault=stall,at=18,times=1",
+    ),
+    Scenario(
+        "An in-band error event (503, upstream overloaded) after 8 of 32 text deltas; "
+        "the continuation repeats the last words it was asked to quote back",
+        "chaos:text=32,seed=2,fault=error,at=8,times=1",
+    ),
+    Scenario(
+        "The body ends with [DONE] but without a finish_reason after 20 of 32 text deltas "
+        "(a silent truncation)",
+        "chaos:text=32,seed=3,fault=no_finish,at=20,times=1",
+    ),
+    Scenario(
+        "Connection reset after 8 text deltas, while tool_0's JSON arguments are half-written "
+        "(3 of 6 fragments)",
+        "chaos:text=8,tools=2,arg_deltas=6,seed=4,fault=reset,at=11,times=1",
+    ),
+    Scenario(
+        "A content-policy error event after 10 of 32 text deltas: not transient, so not retried",
+        "chaos:text=32,seed=5,fault=error_fatal,at=10,times=1",
+        rescuable=False,
+    ),
+    Scenario(
+        "The Responses API, through the openai SDK's client.responses.stream(): connection "
+        "reset after 12 of 32 text deltas",
+        "chaos:text=32,seed=6,fault=reset,at=12,times=1",
+        api=RESPONSES,
+    ),
+    Scenario(
+        "The Anthropic Messages API, through the anthropic SDK's client.messages.stream(), "
+        "with extended thinking and a tool: an overloaded_error event after the thinking and "
+        "12 of 32 text deltas",
+        "chaos:text=32,reasoning=8,tools=1,seed=8,fault=error,at=20,times=1",
+        api=MESSAGES,
+    ),
+)
+
+
+# -- the servers ---------------------------------------------------------------------
+
+
+def demo_config(upstream_url: str) -> GatewayConfig:
+    """The chaos upstream twice (its OpenAI APIs, and its Messages API as an ``anthropic``
+    upstream), short timeouts and a short retry backoff, quiet logs, memory state."""
+    retry = {"retries": 2, "backoff_initial": 0.05, "backoff_max": 0.2, "idle_retry_delay": 0}
+    timeouts = {"connect": 2, "first_byte": 5, "idle": IDLE_TIMEOUT}
+    data = {
+        "upstreams": [
+            {"name": "chaos", "base_url": upstream_url, "timeouts": timeouts},
+            {
+                "name": "chaos-anthropic",
+                "kind": "anthropic",
+                # As the anthropic SDK takes it: the server's root, without /v1.
+                "base_url": upstream_url.removesuffix("/v1"),
+                "timeouts": timeouts,
+            },
+        ],
+        # A request takes the first route that serves its API: /v1/messages the first,
+        # the rest (and requests without a model) the second.
+        "routes": [
+            {"match": "*", "upstream": "chaos-anthropic", "retry": retry},
+            {"match": "*", "upstream": "chaos", "retry": retry},
+        ],
+        "logging": {"level": "error"},
+    }
+    return parse_config(data, "demo config")
+
+
+@contextlib.contextmanager
+def running_gateway(config: GatewayConfig, metrics: Metrics) -> Iterator[str]:
+    """Serve the gateway in a daemon thread on a free port; yield its /v1 URL."""
+    with in_thread(create_app(config, metrics)) as url:
+        yield url + "/v1"
+
+
+# -- the client ----------------------------------------------------------------------

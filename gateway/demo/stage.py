@@ -1,0 +1,282 @@
+"""The demo's run: each scene on its stage, then the summary."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TextIO
+
+import httpx
+
+from gateway.chaos import (
+    ChaosUpstream,
+    expected_answer,
+    running_chaos_upstream,
+)
+from gateway.demo.checks import (
+    Rescue,
+    differences,
+    messages_differences,
+    rescue_of,
+    responses_differences,
+    surfaced_cleanly,
+    tally,
+)
+from gateway.demo.client import Received, stream_answer, stream_message, stream_response
+from gateway.demo.report import (
+    Report,
+    Style,
+    broke_line,
+    messages_received_line,
+    received_line,
+    rescued_line,
+    responses_received_line,
+    seam_line,
+    thinking_line,
+    tool_line,
+)
+from gateway.demo.scenes import (
+    CHAT,
+    IDLE_TIMEOUT,
+    MESSAGES,
+    PACE_MS,
+    RESPONSES,
+    SCENARIOS,
+    Scenario,
+    demo_config,
+    running_gateway,
+)
+from gateway.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The servers one demo runs against, and its client."""
+
+    upstream: ChaosUpstream
+    gateway_url: str
+    metrics: Metrics
+    client: httpx.Client
+
+    def stream(
+        self, model: str, show: Callable[[str], None], api: str = CHAT
+    ) -> tuple[Received, Rescue]:
+        """Stream one answer; return it with the evidence of what broke and was done."""
+        before, seen = tally(self.metrics), len(self.upstream.requests)
+        if api == RESPONSES:
+            received = stream_response(self.gateway_url, model, show)
+        elif api == MESSAGES:
+            received = stream_message(self.gateway_url, model, show)
+        else:
+            received = stream_answer(self.client, self.gateway_url, model, show)
+        requests = self.upstream.requests[seen:]
+        return received, rescue_of(before, tally(self.metrics), requests, expected_answer(model))
+
+
+@contextlib.contextmanager
+def staged() -> Iterator[Stage]:
+    """The chaos upstream and a gateway in front of it, each in a thread; an httpx client."""
+    metrics = Metrics()
+    logger = logging.getLogger("gateway")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # the report says it all
+    try:
+        with (
+            running_chaos_upstream() as upstream,
+            running_gateway(demo_config(upstream.base_url), metrics) as gateway_url,
+            httpx.Client(timeout=httpx.Timeout(30.0)) as client,
+        ):
+            yield Stage(upstream, gateway_url, metrics, client)
+    finally:
+        logger.setLevel(level)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    broke: bool  # the gateway saw the fault
+    passed: bool  # the client got what it should have
+    skipped: bool = False  # not run: its SDK (``missing``) is not installed
+    missing: str = ""
+
+
+def has_openai() -> bool:
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def has_anthropic() -> bool:
+    try:
+        import anthropic  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The SDK scenes: the package each needs, and how the report names its client.
+SDKS = {
+    RESPONSES: ("openai", has_openai, "openai SDK: client.responses.stream(model=..., input=...)"),
+    MESSAGES: (
+        "anthropic",
+        has_anthropic,
+        "anthropic SDK: client.messages.stream(model=..., max_tokens=4096, thinking="
+        '{"type": "enabled", "budget_tokens": 1024}, tools=[get_weather], messages=...)',
+    ),
+}
+
+
+def run_scenario(
+    number: str, scenario: Scenario, stage: Stage, report: Report, pace_ms: int
+) -> Outcome:
+    model = scenario.spec + (f",pace_ms={pace_ms}" if pace_ms else "")
+    expected = expected_answer(scenario.spec)
+    report.line()
+    report.paragraph(f"{number}  {scenario.title}", indent="     ", code="1")
+    report.field("model", model)
+    responses, messages = scenario.api == RESPONSES, scenario.api == MESSAGES
+    if scenario.api in SDKS:
+        package, installed, client = SDKS[scenario.api]
+        if not installed():
+            why = f"the {package} package is not installed (pip install {package})"
+            report.field("skipped", why)
+            return Outcome(broke=False, passed=True, skipped=True, missing=package)
+        report.field("client", client)
+    started = time.perf_counter()
+    report.start_live("text" if scenario.api in SDKS else "client")
+    try:
+        received, rescue = stage.stream(model, report.live, scenario.api)
+    finally:
+        report.end_live()
+    for call in received.tool_calls:
+        report.field("", tool_line(call))
+    if messages:
+        report.field("thinking", thinking_line(received))
+    seconds = time.perf_counter() - started
+    if responses:
+        report.field("received", responses_received_line(received, seconds))
+    elif messages:
+        report.field("received", messages_received_line(received, seconds))
+    else:
+        report.field("received", received_line(received, seconds))
+    if received.error is not None and not scenario.rescuable:
+        report.field("error", f"{received.error.get('code')}: {received.error.get('message')}")
+    report.field("broke", broke_line(rescue, received))
+    report.field("rescued" if scenario.rescuable else "handled", rescued_line(rescue, received))
+    seams = [seam_line(received.text, at) for at in rescue.resumed_at if at]
+    for seam in seams:
+        report.field("seam", seam)
+    if rescue.trimmed:
+        trimmed = f"{rescue.trimmed} characters the continuation quoted back, cut before the client"
+        report.field("trimmed", trimmed)
+    if responses:
+        problems = responses_differences(expected, received)
+        report.verdict(
+            "identical to an unbroken answer, one response, sequence_number without a gap",
+            problems,
+        )
+    elif messages:
+        problems = messages_differences(expected, received)
+        report.verdict(
+            "identical to an unbroken answer, every block whole, one message_stop", problems
+        )
+    elif scenario.rescuable:
+        problems = differences(expected, received)
+        report.verdict("identical to an unbroken answer", problems)
+    else:
+        problems = surfaced_cleanly(expected, received)
+        report.verdict("an explicit error, no [DONE], the text so far intact", problems)
+    return Outcome(broke=bool(rescue.interruptions), passed=not problems)
+
+
+def _header(report: Report, stage: Stage, count: int) -> None:
+    report.paragraph(
+        f"resumable-gateway demo: a chaos upstream breaks {count} "
+        f"answer{'' if count == 1 else 's'} on purpose, and a "
+        "gateway in front of it rescues them. Both run in this process, on loopback: no API "
+        "key, no network."
+    )
+    upstream = stage.upstream.base_url
+    report.field("upstream", f"{upstream}  (deterministic answers, faults on request)")
+    report.field(
+        "gateway",
+        f"{stage.gateway_url}  (idle timeout {IDLE_TIMEOUT:g} s, 2 retries, in-memory state)",
+    )
+
+
+def _summary(
+    report: Report, scenarios: tuple[Scenario, ...], outcomes: list[Outcome], seconds: float
+) -> None:
+    pairs = [(s, o) for s, o in zip(scenarios, outcomes, strict=True) if not o.skipped]
+    rescuable = [o for s, o in pairs if s.rescuable]
+    report.line()
+    if not all(o.passed for o in outcomes):
+        failed = sum(not o.passed for o in outcomes)
+        text = f"{failed} of {len(outcomes)} scenarios failed (see above). ({seconds:.1f} s)"
+        report.paragraph(text, code="31;1")
+        return
+    broken, rescued = sum(o.broke for o in rescuable), sum(o.passed for o in rescuable)
+    texts = []
+    if rescuable:
+        texts.append(
+            f"{broken} streams broke, {rescued} rescued: every answer byte-identical to an "
+            "unbroken one, 0 characters lost or repeated."
+        )
+    if refused := len(pairs) - len(rescuable):
+        texts.append(
+            f"{refused} unrecoverable error ended its stream with an explicit error event."
+        )
+    for package in sorted({o.missing for o in outcomes if o.skipped}):
+        skipped = sum(o.skipped and o.missing == package for o in outcomes)
+        texts.append(f"{skipped} skipped: the {package} package is not installed.")
+    report.paragraph(f"{' '.join(texts)} ({seconds:.1f} s)", code="32;1")
+
+
+def _hint(report: Report) -> None:
+    report.line()
+    report.line(
+        "Try it with your own client (any OpenAI or Anthropic SDK; the model name picks the fault):"
+    )
+    for command in (
+        "resumable-gateway chaos-upstream --port 9000 &",
+        "GATEWAY_UPSTREAM_BASE_URL=http://127.0.0.1:9000/v1 \\",
+        "  GATEWAY_ANTHROPIC_BASE_URL=http://127.0.0.1:9000 resumable-gateway serve &",
+        "export OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=unused",
+        "export ANTHROPIC_BASE_URL=http://127.0.0.1:8080 ANTHROPIC_API_KEY=unused",
+    ):
+        report.line("  " + command)
+    report.line('  then stream model "chaos:text=40,fault=reset,at=12,times=1,pace_ms=30"')
+    report.line("  (times=1: only the first request with that exact name breaks; vary seed=)")
+    report.line("  or the same model with client.responses.stream(model=..., input=...)")
+    report.line("  or with client.messages.stream(model=..., max_tokens=..., messages=...)")
+
+
+def run_demo(
+    quick: bool = False,
+    out: TextIO | None = None,
+    scenarios: tuple[Scenario, ...] = SCENARIOS,
+) -> int:
+    """Run the scenarios and report; 0 when every one behaved as it should, else 1."""
+    out = sys.stdout if out is None else out
+    report = Report(out, Style(out.isatty() and "NO_COLOR" not in os.environ))
+    pace_ms = 0 if quick else PACE_MS
+    started = time.perf_counter()
+    try:
+        with staged() as stage:
+            _header(report, stage, len(scenarios))
+            outcomes = [
+                run_scenario(f"{number}/{len(scenarios)}", scenario, stage, report, pace_ms)
+                for number, scenario in enumerate(scenarios, 1)
+            ]
+    except KeyboardInterrupt:
+        report.line("interrupted")
+        return 130
+    _summary(report, scenarios, outcomes, time.perf_counter() - started)
+    _hint(report)
+    return 0 if all(o.passed for o in outcomes) else 1

@@ -1,0 +1,1 @@
+"""The abuse suite: ``python -m probes.abuse`` (see its ``__main__``)."""

@@ -1,0 +1,1 @@
+"""The chaos soak: ``python -m probes.soak`` (see its ``__main__``)."""
