@@ -123,14 +123,30 @@ def redis_container() -> Any:
 
 @contextlib.contextmanager
 def running_redis() -> Iterator[RedisServer]:
-    if _docker_answers():
-        with redis_container()("redis:7-alpine") as container:
-            host = container.get_container_host_ip()
-            port = container.get_exposed_port(6379)
-            yield RedisServer(f"redis://{host}:{port}/0", container=container)
-    else:
+    """A Redis in a container where a Docker engine answers and can run one; else (no
+    engine, or one that cannot pull the image: offline, no registry) a local one."""
+    container = _started_container() if _docker_answers() else None
+    if container is None:
         with _local_redis() as server:
             yield server
+        return
+    try:
+        host = container.get_container_host_ip()
+        port = container.get_exposed_port(6379)
+        yield RedisServer(f"redis://{host}:{port}/0", container=container)
+    finally:
+        container.stop()
+
+
+def _started_container() -> Any:
+    try:
+        return redis_container()("redis:7-alpine").start()
+    except Exception as exc:  # noqa: BLE001 - the engine cannot run it: fall back
+        print(
+            f"Docker answers but cannot run redis:7-alpine ({type(exc).__name__}); "
+            "using a local redis-server"
+        )
+        return None
 
 
 @dataclass
