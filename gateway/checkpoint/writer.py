@@ -189,9 +189,10 @@ class CheckpointWriter:
             if self.healthy:
                 self.healthy = False
                 logger.warning(
-                    "checkpoint store unavailable (%s); streams go on without checkpoints "
-                    "until it is back",
+                    "checkpoint store unavailable (%s); streams wait for it %gs (a failover), "
+                    "then go on without checkpoints until it is back",
                     type(exc).__name__,
+                    self._hold,
                 )
             return False
         self._metrics.checkpoint_write_seconds.observe(time.perf_counter() - started)
