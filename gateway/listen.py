@@ -82,6 +82,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False  # refused: reading only to discard, until closed
         self._body_ends = 0.0  # the whole body's deadline (loop time)
         self._stall: asyncio.TimerHandle | None = None  # while the client reads nothing
+        self._stalled_at = 0  # bytes waiting for the client when the stall timer started
 
     # -- deadlines ------------------------------------------------------------------
 
@@ -120,7 +121,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """The transport's buffer is full: the client has stopped reading, for now."""
         super().pause_writing()
         if self._stall is None:
-            self._stall = self.loop.call_later(self._limits.send_timeout, self._stalled)
+            self._arm_stall()
+
+    def _arm_stall(self) -> None:
+        self._stalled_at = self.transport.get_write_buffer_size()
+        self._stall = self.loop.call_later(self._limits.send_timeout, self._stalled)
 
     def resume_writing(self) -> None:
         self._unstall()
@@ -135,6 +140,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # Aborted, not closed: a close waits to flush a buffer nobody reads. The
         # response's send returns, its disconnect arrives, and a run goes on detached.
         self._stall = None
+        if self.transport.get_write_buffer_size() < self._stalled_at:
+            self._arm_stall()  # a slow reader, not a silent one: it took some bytes
+            return
         self.transport.abort()
 
     def data_received(self, data: bytes) -> None:

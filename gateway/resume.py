@@ -58,7 +58,7 @@ from gateway.protocols import Adapter, adapter_named
 from gateway.recovery.classify import Cause
 from gateway.run import Run
 from gateway.upstream.client import UpstreamClient
-from gateway.upstream.routes import Router
+from gateway.upstream.routes import ResolvedRoute, Router
 
 logger = logging.getLogger("gateway.resume")
 
@@ -352,6 +352,18 @@ class Runs:
         adapter = adapter_named(checkpoint.record.protocol)
         return self._tail(store, adapter, run_id, credential, after, ids, forwarding)
 
+    def _route_of(self, checkpoint: Checkpoint) -> ResolvedRoute:
+        """The legs that serve the run's protocol, as its first owner had them (with the
+        request's own fallbacks): the checkpoint's leg is a position among those."""
+        record = checkpoint.record
+        protocol = adapter_named(record.protocol).name
+        route = self._router.resolve(record.body.get("model"), protocol)
+        if record.fallbacks is not None:
+            route = route.with_fallbacks(
+                [self._router.resolve(model, protocol).legs[0] for model in record.fallbacks]
+            )
+        return route.serving(protocol)
+
     def _refused(self, run_id: str) -> RunNotFound:
         self._count("none", "not_found")
         return _not_found(run_id)
@@ -412,6 +424,8 @@ class Runs:
         if checkpoint is None:
             checkpoint = await self._load(store, run_id, credential)
         self._placed(checkpoint, run_id, after)
+        # Its route first: a fallback this replica cannot resolve fails before any claim.
+        route = self._route_of(checkpoint)
         claim = f"{self.replica}/{secrets.token_hex(4)}"  # this claim alone (idempotent)
         epoch = await store.claim(run_id, claim, self.config.lease_ttl)
         if epoch is None:
@@ -426,14 +440,6 @@ class Runs:
             return self._replay(checkpoint, run_id, after, ids) or _nothing()
         self._placed(checkpoint, run_id, after)
         adapter = adapter_named(record.protocol)
-        # The legs that serve the run's protocol, as its first owner had them (with the
-        # request's own fallbacks): the checkpoint's leg is a position among those.
-        route = self._router.resolve(record.body.get("model"), adapter.name)
-        if record.fallbacks is not None:
-            route = route.with_fallbacks(
-                [self._router.resolve(model, adapter.name).legs[0] for model in record.fallbacks]
-            )
-        route = route.serving(adapter.name)
         run = Run(
             run_id=run_id,
             adapter=adapter,

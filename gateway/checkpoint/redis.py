@@ -319,8 +319,11 @@ class RedisStore:
         try:
             return await self._write(flushes)
         except BaseException:
-            # A failover may be under way: what has replicas is learned again first.
-            self._replicas_checked = -math.inf
+            # A failover may be under way: what has replicas is learned again soon (within
+            # a second: not at every write, or a primary that does not answer would slow
+            # every write by its look).
+            now = asyncio.get_running_loop().time()
+            self._replicas_checked = min(self._replicas_checked, now - REPLICAS_CHECK + 1.0)
             raise
 
     async def _write(self, flushes: Sequence[Flush]) -> list[Applied]:
@@ -396,7 +399,7 @@ class RedisStore:
 
     async def _write_primary(self, node: ClusterNode, flushes: Sequence[Flush]) -> list[Applied]:
         required = self._required(node.name)
-        async with asyncio.timeout(CLUSTER_RUN_TIMEOUT + self._wait_timeout):
+        async with asyncio.timeout(CLUSTER_RUN_TIMEOUT + (self._wait_timeout if required else 0)):
             for attempt in range(2):
                 commands = [
                     PipelineCommand(
@@ -456,10 +459,18 @@ class RedisStore:
         if isinstance(redis_, RedisCluster):
             await redis_.initialize()
             primaries = redis_.get_primaries()
+            # Each primary's answer bounded: one that does not answer keeps what was known.
             infos = await asyncio.gather(
-                *(node.execute_command("INFO", "replication") for node in primaries),
+                *(
+                    asyncio.wait_for(
+                        node.execute_command("INFO", "replication"), CLUSTER_RUN_TIMEOUT
+                    )
+                    for node in primaries
+                ),
                 return_exceptions=True,
             )
+            if any(isinstance(info, BaseException) for info in infos):
+                self._reread_slots(redis_)
             # A primary that did not answer keeps what was known of it.
             self._replicas.update(
                 (node.name, int(info.get("connected_slaves", 0)))
@@ -467,7 +478,7 @@ class RedisStore:
                 if isinstance(info, dict)
             )
         else:
-            info = await redis_.info("replication")
+            info = await asyncio.wait_for(redis_.info("replication"), CLUSTER_RUN_TIMEOUT)
             self._replicas = {STANDALONE: int(info.get("connected_slaves", 0))}
 
     def _reread_slots(self, cluster: RedisCluster) -> None:

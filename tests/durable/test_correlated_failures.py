@@ -267,3 +267,6 @@ def test_a_redis_primary_and_the_owner_replica_lost_together_leave_no_answer_sil
     errors = [client.error for client in clients if client.error]
     assert verdicts["wrong"] == 0, (verdicts, [c.model for c in clients])
     assert not errors, errors
+    # Within unprotected_after, every client stays within what the promoted replica holds:
+    # none needs the explicit refusal either.
+    assert verdicts["exact"] == STREAMS, verdicts
