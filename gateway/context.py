@@ -13,7 +13,8 @@ from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.config import GatewayConfig, State
 from gateway.inbound import ClientAuth, read_body, read_json_object
 from gateway.metrics import Metrics
-from gateway.resume import Runs
+from gateway.registry import Runs
+from gateway.resume import Resumes
 from gateway.upstream.breaker import CircuitState
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import Router
@@ -39,9 +40,9 @@ class Gateway:
             config.state,
             self.store,
             metrics=self.metrics,
-            router=self.router,
             max_client_lag=config.limits.max_client_lag_bytes,
         )
+        self.resumes = Resumes(self.runs, self.router)
         self.draining = False
         self._drain: asyncio.Task[None] | None = None
         self._store_check: asyncio.Task[str | None] | None = None

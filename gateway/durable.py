@@ -51,7 +51,7 @@ from gateway.run import Run
 
 
 class Host(Protocol):
-    """What a ``LocalRun`` needs of the runs of its process (``gateway.resume.Runs``)."""
+    """What a ``LocalRun`` needs of the runs of its process (``gateway.registry.Runs``)."""
 
     config: State
     metrics: Metrics

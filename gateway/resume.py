@@ -1,4 +1,4 @@
-"""The runs of one process, and resuming any run from any replica.
+"""Resuming any run from any replica, and the answers of finished runs.
 
 A resume names a run and the number of events the client already has. Where the
 run is, decides how the rest is served (``kind`` in ``gateway_resumes_total``):
@@ -32,41 +32,25 @@ that says no more than an unknown id would.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import secrets
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.checkpoint.model import Checkpoint, owner_hash
 from gateway.checkpoint.store import CheckpointStore
-from gateway.checkpoint.writer import CheckpointWriter
-from gateway.config import State
-from gateway.durable import LocalRun, RunLog, render
-from gateway.errors import (
-    GatewayError,
-    NotFound,
-    ResumeNotExact,
-    ServiceUnavailable,
-    ShuttingDown,
-)
-from gateway.metrics import Metrics
+from gateway.durable import RunLog, render
+from gateway.errors import GatewayError, NotFound, ResumeNotExact, ServiceUnavailable
 from gateway.protocols import Adapter, adapter_named
 from gateway.recovery.classify import Cause
+from gateway.registry import Runs
 from gateway.run import Run
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import ResolvedRoute, Router
 
 logger = logging.getLogger("gateway.resume")
 
-# How long the gateway remembers that an answer it served was recovered (its upstream's
-# stored copy ends where the stream broke): as long as OpenAI keeps stored responses.
-RECOVERED_ALIAS_TTL = 30 * 24 * 3600.0
-RECOVERED = " recovered"  # the alias's value: "<run id>", or "<run id> recovered"
-WRITE_TIMEOUT = 2.0  # seconds a checkpoint write may take, besides waiting for replicas
 TAIL_STORE_PATIENCE = 30.0  # seconds a tail asks a failing store again (a failover)
 STORE_RETRY = 0.2  # seconds between those asks
 
@@ -85,12 +69,6 @@ class Forwarding:
 
 class RunNotFound(NotFound):
     code = "run_not_found"
-
-
-class RunMoved(ServiceUnavailable):
-    """This replica lost a run to another one (its writes were fenced out)."""
-
-    code = "run_moved"
 
 
 def _not_exact(run_id: str, after: int, held: int) -> ResumeNotExact:
@@ -116,194 +94,14 @@ def _not_found(run_id: str) -> RunNotFound:
     )
 
 
-class Runs:
-    def __init__(
-        self,
-        config: State,
-        store: CheckpointStore | None,
-        *,
-        metrics: Metrics,
-        router: Router,
-        max_client_lag: int = 1024 * 1024,
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.metrics = metrics
-        self.max_client_lag = max_client_lag  # bytes a follower may fall behind its run
-        self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        owner_key = config.owner_key.get_secret_value().encode() if config.owner_key else None
-        self.writer = (
-            CheckpointWriter(
-                store,
-                metrics,
-                lease_ttl=config.lease_ttl,
-                owner_key=owner_key,
-                # A write may wait for replicas (Redis WAIT) on top of its own time.
-                write_timeout=WRITE_TIMEOUT + (config.wait_timeout if store.shared else 0),
-                unprotected_after=config.unprotected_after,
-            )
-            if store is not None
-            else None
-        )
-        self.local: dict[str, LocalRun] = {}
-        self.stopping = False  # the drain deadline passed: runs end here
-        self._busy = 0  # requests opening a run, and tails: the drain waits for them too
+class Resumes:
+    """The resume doors' one way in: ``x-resume-from``, ``Last-Event-ID``,
+    ``starting_after`` and ``GET /v1/responses/{id}`` all end here."""
+
+    def __init__(self, runs: Runs, router: Router) -> None:
+        self._runs = runs
         self._router = router
-        self.aliases: dict[str, str] = {}  # a local run's public id (a response id): run id
-        # Recovered non-streaming answers, which have no run log: id -> (credential,
-        # request, answer), for completed_ttl.
-        self._assembled: dict[str, tuple[str | None, dict[str, Any], dict[str, Any]]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def start(self) -> None:
-        if self.writer is not None:
-            self.writer.start()
-
-    def adopt(
-        self,
-        run: Run,
-        credential: str | None,
-        log: RunLog | None = None,
-        *,
-        created: float | None = None,
-        resume: Cause | None = None,
-        epoch: int = 0,
-    ) -> LocalRun:
-        """Relay ``run`` in its own task, so that it outlives its client connection."""
-        gated = self.shared and self.config.durability == "sync"
-        local = LocalRun(
-            self,
-            run,
-            log or RunLog(run.adapter, gated=gated),
-            credential=credential,
-            created=created,
-            resume=resume,
-            epoch=epoch,
-        )
-        self.local[run.id] = local
-        local.start_grace()  # cancelled by the first follower to attach
-        if self.stopping:  # past the drain deadline: checkpointed for another replica
-            local.stop()
-        return local
-
-    @contextlib.contextmanager
-    def in_progress(self) -> Iterator[None]:
-        """Around work the drain waits for: a request opening a run, a tail follower."""
-        self._busy += 1
-        try:
-            yield
-        finally:
-            self._busy -= 1
-
-    # -- aliases: the ids clients saw (a Responses response id) ---------------------
-
-    def alias(self, name: object, local: LocalRun) -> None:
-        """Let ``name``, the answer's own id, find ``local``'s run (on any replica)."""
-        if not isinstance(name, str) or not name:
-            return
-        local.alias = name
-        self.aliases[name] = local.id
-        self._set_alias(name, local.id, self.config.ttl)
-
-    def _set_alias(self, name: str, value: str, ttl: float) -> None:
-        if self.store is None:
-            return
-        task = asyncio.get_running_loop().create_task(self._write_alias(name, value, ttl))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _write_alias(self, name: str, value: str, ttl: float) -> None:
-        assert self.store is not None
-        try:
-            await self.store.set_alias(name, value, ttl)
-        except Exception as exc:  # noqa: BLE001 - the store is down: resume by run id still works
-            logger.warning("alias not stored", extra={"error": type(exc).__name__})
-
-    def assembled(self, run: Run, credential: str | None, answer: dict[str, Any]) -> None:
-        """A non-streaming answer was served: if it was recovered, remember so (section 2a)."""
-        name = (run.accumulator.identity or {}).get("id")
-        if not run.adapter.aliased or run.splicer.leg == 0 or not isinstance(name, str):
-            return
-        self._assembled[name] = (credential, run.body, answer)
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.config.completed_ttl, self._assembled.pop, name, None)
-        self._set_alias(name, run.id + RECOVERED, RECOVERED_ALIAS_TTL)
-
-    async def lookup(self, name: str) -> tuple[str, bool] | None:
-        """The run a public id names, and whether its answer was recovered; None if
-        unknown (never served here, or forgotten)."""
-        local = self.local.get(self.aliases.get(name, ""))
-        if local is not None:
-            return local.id, local.run.splicer.leg > 0
-        if name in self._assembled:
-            return name, True
-        if self.store is None:
-            return None
-        try:
-            value = await self.store.get_alias(name)
-        except Exception as exc:  # noqa: BLE001
-            raise ServiceUnavailable(
-                f"The checkpoint store is unavailable ({type(exc).__name__})."
-            ) from None
-        if value is None:
-            return None
-        run_id, _, recovered = value.partition(" ")
-        return run_id, bool(recovered)
-
-    async def answer_of(
-        self, run_id: str, credential: str | None
-    ) -> tuple[dict[str, Any], list[bytes] | dict[str, Any]] | None:
-        """The request and client events (or, not streamed, the answer) of a finished
-        run, for its owner only; None if not finished or gone. Raises ``RunNotFound``
-        for another credential."""
-        assembled = self._assembled.get(run_id)
-        if assembled is not None:
-            owner, body, answer = assembled
-            if not secrets.compare_digest((owner or "").encode(), (credential or "").encode()):
-                raise self._refused(run_id)
-            return body, answer
-        local = self.local.get(run_id)
-        if local is not None:
-            if not local.owned_by(credential):
-                raise self._refused(run_id)
-            return (local.run.body, list(local.log.events)) if local.log.closed else None
-        if self.store is None:
-            return None
-        try:
-            checkpoint = await self._load(self.store, run_id, credential)
-        except RunNotFound:
-            return None  # expired: the caller says what that means
-        if not _finished(checkpoint):
-            return None
-        return checkpoint.record.body, checkpoint.events
-
-    def ended(self, local: LocalRun) -> None:
-        # The last checkpoint: final status, lease released. The in-memory store takes
-        # it in this call, so a resume finds the run here or in the store, never neither.
-        # A run lost to another replica writes nothing more: the checkpoint is the new owner's.
-        if self.writer is not None and not local.lost and not self.writer.write_in_process(local):
-            local.checkpoint()
-        if local.alias is not None:
-            if self.store is not None:  # else it goes with the local run, below
-                self.aliases.pop(local.alias, None)
-            if local.run.splicer.leg > 0 and not local.lost:
-                # Remembered long after the run: its upstream's stored copy is cut short.
-                self._set_alias(local.alias, local.id + RECOVERED, RECOVERED_ALIAS_TTL)
-        if self.store is not None or local.status == "detached":
-            # The store serves late resumers (a replay, or a takeover if detached);
-            # keeping the log here too would hold every answer twice for completed_ttl.
-            self.local.pop(local.id, None)
-            return
-        # No store: a client that dropped just before the end can still fetch it here.
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.config.completed_ttl, self._forget, local)
-
-    def _forget(self, local: LocalRun) -> None:
-        self.local.pop(local.id, None)
-        if local.alias is not None:
-            self.aliases.pop(local.alias, None)
-
-    # -- resume -------------------------------------------------------------------
+        self._metrics = runs.metrics
 
     async def resume(
         self,
@@ -319,7 +117,7 @@ class Runs:
         Raises ``RunNotFound`` for an unknown run or another credential, before
         anything is streamed.
         """
-        local = self.local.get(run_id)
+        local = self._runs.local.get(run_id)
         if local is not None:
             if not local.owned_by(credential):
                 raise self._refused(run_id)
@@ -330,7 +128,7 @@ class Runs:
             if local.log.closed and after == events:
                 return None
             return local.attach(after, ids=ids)
-        store = self.store
+        store = self._runs.store
         if store is None:
             raise self._refused(run_id)
         try:
@@ -369,7 +167,7 @@ class Runs:
         return _not_found(run_id)
 
     def _count(self, kind: str, outcome: str) -> None:
-        self.metrics.resumes.labels(kind, outcome).inc()
+        self._metrics.resumes.labels(kind, outcome).inc()
 
     def _not_exact(self, kind: str, run_id: str, after: int, held: int) -> ResumeNotExact:
         self._count(kind, "not_exact")
@@ -390,8 +188,9 @@ class Runs:
         checkpoint = await store.load(run_id)
         if checkpoint is None:
             raise self._refused(run_id)
-        assert self.writer is not None
-        expected = owner_hash(await self.writer.owner_key(), credential)
+        writer = self._runs.writer
+        assert writer is not None
+        expected = owner_hash(await writer.owner_key(), credential)
         if not secrets.compare_digest(expected, checkpoint.record.owner):
             raise self._refused(run_id)
         return checkpoint
@@ -426,8 +225,8 @@ class Runs:
         self._placed(checkpoint, run_id, after)
         # Its route first: a fallback this replica cannot resolve fails before any claim.
         route = self._route_of(checkpoint)
-        claim = f"{self.replica}/{secrets.token_hex(4)}"  # this claim alone (idempotent)
-        epoch = await store.claim(run_id, claim, self.config.lease_ttl)
+        claim = f"{self._runs.replica}/{secrets.token_hex(4)}"  # this claim alone (idempotent)
+        epoch = await store.claim(run_id, claim, self._runs.config.lease_ttl)
         if epoch is None:
             await self._load(store, run_id, credential)  # RunNotFound if it is gone meanwhile
             return None
@@ -447,7 +246,7 @@ class Runs:
             body=record.body,
             client_authorization=forwarding.authorization,
             upstreams=forwarding.upstreams,
-            metrics=self.metrics,
+            metrics=self._metrics,
             query=record.query,
             fallbacks=record.fallbacks,
         )
@@ -472,13 +271,13 @@ class Runs:
                 "client_has": after,
             },
         )
-        local = self.adopt(
+        local = self._runs.adopt(
             run,
             credential,
             RunLog(
                 adapter,
                 checkpoint.events,
-                gated=self.shared and self.config.durability == "sync",
+                gated=self._runs.shared and self._runs.config.durability == "sync",
             ),
             created=record.created,
             resume=cause,
@@ -503,14 +302,14 @@ class Runs:
         ``TAIL_STORE_PATIENCE`` seconds: the tail goes on from its position, exactly.
         Then the stream ends with an error that says so.
         """
-        with self.in_progress():  # a tail is a stream the drain lets finish
-            seq, block = after, min(1.0, self.config.lease_ttl / 2)
+        with self._runs.in_progress():  # a tail is a stream the drain lets finish
+            seq, block = after, min(1.0, self._runs.config.lease_ttl / 2)
             loop = asyncio.get_running_loop()
             watched_until = 0.0
             failing_since: float | None = None
             while True:
-                if self.stopping:
-                    yield self.shutdown_event(run_id, adapter, seq)
+                if self._runs.stopping:
+                    yield self._runs.shutdown_event(run_id, adapter, seq)
                     return
                 try:
                     if loop.time() >= watched_until:
@@ -546,82 +345,32 @@ class Runs:
                         yield data
                     return
 
-    # -- shutdown -------------------------------------------------------------------
-
-    async def drain(self, grace: float) -> None:
-        """Let running runs finish for up to ``grace`` seconds, then stop the rest.
-
-        Not ``asyncio.timeout``: what happens at the deadline is the point.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        running = self._running()
-        logger.info("draining", extra={"runs": len(running), "drain_timeout_s": grace})
-        while (running or self._busy) and (left := deadline - loop.time()) > 0:
-            if running:
-                await asyncio.wait(running, timeout=left)
-            else:
-                await asyncio.sleep(min(left, 0.05))
-            running = self._running()  # and any a request already in flight started
-        self.stopping = True
-        if running:
-            logger.warning(
-                "drain timeout: stopping runs",
-                extra={"runs": len(running), "resumable": self.shared},
-            )
-            for local in list(self.local.values()):
-                local.stop()
-            await asyncio.gather(*running, return_exceptions=True)
-
-    def _running(self) -> list[asyncio.Task[None]]:
-        return [local.task for local in self.local.values() if not local.task.done()]
-
-    @property
-    def shared(self) -> bool:
-        """Other replicas read this process's checkpoints (a Redis store)."""
-        return self.store is not None and self.store.shared
-
-    def shutdown_event(self, run_id: str, adapter: Adapter, events: int) -> bytes:
-        """What a client of a run stopped by the drain receives last (after ``events``)."""
-        if self.shared:
-            message = (
-                f"This gateway replica is shutting down; run {run_id} was checkpointed. "
-                f"Resume it on another replica: {_how_to_resume(run_id)}"
-            )
-        else:
-            message = (
-                "The gateway is shutting down and could not finish this answer within its "
-                "drain timeout (listen.drain_timeout); the answer is incomplete."
-            )
-        return adapter.error_event(ShuttingDown(message), events)
-
-    def lost_event(self, run_id: str, adapter: Adapter, events: int) -> bytes:
-        """What a client of a run another replica took over receives last here."""
-        message = (
-            f"Run {run_id} has moved to another gateway replica: this one was unresponsive "
-            f"longer than its lease, and the run was taken over. Resume it: "
-            f"{_how_to_resume(run_id)}"
-        )
-        return adapter.error_event(RunMoved(message), events)
-
-    async def aclose(self) -> None:
-        """Stop relaying: each run gets a last checkpoint another replica can resume."""
-        running = [local.task for local in self.local.values() if not local.task.done()]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)  # aliases being written
-        if self.writer is not None:
-            await self.writer.aclose()
-        if self.store is not None:
-            await self.store.aclose()
-
-
-def _how_to_resume(run_id: str) -> str:
-    return (
-        f"repeat the request with x-run-id: {run_id} and x-resume-from: <chunks received>, "
-        f"or GET /v1/runs/{run_id}/events with Last-Event-ID."
-    )
+    async def answer_of(
+        self, run_id: str, credential: str | None
+    ) -> tuple[dict[str, Any], list[bytes] | dict[str, Any]] | None:
+        """The request and client events (or, not streamed, the answer) of a finished
+        run, for its owner only; None if not finished or gone. Raises ``RunNotFound``
+        for another credential."""
+        assembled = self._runs.aliases.assembled_answer(run_id)
+        if assembled is not None:
+            owner, body, answer = assembled
+            if not secrets.compare_digest((owner or "").encode(), (credential or "").encode()):
+                raise self._refused(run_id)
+            return body, answer
+        local = self._runs.local.get(run_id)
+        if local is not None:
+            if not local.owned_by(credential):
+                raise self._refused(run_id)
+            return (local.run.body, list(local.log.events)) if local.log.closed else None
+        if self._runs.store is None:
+            return None
+        try:
+            checkpoint = await self._load(self._runs.store, run_id, credential)
+        except RunNotFound:
+            return None  # expired: the caller says what that means
+        if not _finished(checkpoint):
+            return None
+        return checkpoint.record.body, checkpoint.events
 
 
 async def _rest(events: list[bytes], after: int, ids: bool) -> AsyncIterator[bytes]:

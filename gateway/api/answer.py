@@ -107,7 +107,7 @@ async def answer(request: Request, asked: Asked) -> Response:
         return response
     if assembled is None:  # nobody is there to read it
         return Response(status_code=CLIENT_CLOSED, headers=headers)
-    gateway.runs.assembled(run, credential(request), assembled)
+    gateway.runs.aliases.assembled(run, credential(request), assembled)
     return Response(
         orjson.dumps(assembled),
         media_type="application/json",

@@ -61,7 +61,7 @@ async def retrieve_response(request: Request) -> Response:
     gateway = gateway_of(request)
     response_id = request.path_params["response_id"]
     gateway.auth.authorize(request)
-    found = await gateway.runs.lookup(response_id)
+    found = await gateway.runs.aliases.lookup(response_id)
     if found is None:
         return await passthrough(request)  # not one the gateway streamed: the upstream's
     run_id, recovered = found
@@ -72,7 +72,7 @@ async def retrieve_response(request: Request) -> Response:
         after = parse_offset(value, "starting_after") + 1 if value else 0
         body = await resume_run(request, gateway, run_id, after, ids=False)
         return RunStream(body if body is not None else no_events(), {"x-run-id": run_id})
-    found_answer = await gateway.runs.answer_of(run_id, owner)
+    found_answer = await gateway.resumes.answer_of(run_id, owner)
     if found_answer is None:
         if recovered:
             raise _cut_short(response_id)
@@ -89,7 +89,7 @@ async def _whole_context(
 ) -> dict[str, Any]:
     """``body`` with a recovered ``previous_response_id`` replaced by its whole context."""
     try:
-        found = await gateway.runs.lookup(previous)
+        found = await gateway.runs.aliases.lookup(previous)
     except ServiceUnavailable:
         # The store is down: requests go on (section 5); whether that answer was
         # recovered is unknown for now, so the upstream's copy is used.
@@ -98,7 +98,7 @@ async def _whole_context(
     if found is None or not found[1]:
         return body  # the upstream's stored copy is whole
     run_id, _ = found
-    found_answer = await gateway.runs.answer_of(run_id, credential)
+    found_answer = await gateway.resumes.answer_of(run_id, credential)
     if found_answer is None:
         raise _cut_short(previous)
     earlier_body, events = found_answer

@@ -115,7 +115,7 @@ async def resume_run(
     upstreams = gateway.upstreams.for_client(
         request.headers.items(), credentials=gateway.auth.passes_credentials
     )
-    return await gateway.runs.resume(
+    return await gateway.resumes.resume(
         run_id,
         credential(request),
         after,
