@@ -183,7 +183,7 @@ class Observer:
         if run is not None:
             line["run_id"] = run.id
             line["upstream"] = run.leg.upstream.name
-            line["attempt"] = run.attempts
+            line["attempt"] = run.attempts.made
             line["leg"] = run.leg_index
             line["recoveries"] = run.recoveries
             if run.outcome is not None:

@@ -14,8 +14,10 @@ The loop (ARCHITECTURE.md sections 3 and 4)::
 Errors before the client stream started are HTTP errors (``open``); after it, the
 stream ends with the protocol's in-band error (section 2 item 6, section 2a).
 
-The loop knows its protocol (chat completions, Responses) only through its
-``Adapter`` (``gateway.protocols``): decoding, the splicer, request bodies.
+The loop knows its protocol (chat completions, Responses, Messages) only through
+its ``Adapter`` (``gateway.protocols``): decoding, the splicer, request bodies. Which
+leg each attempt goes to, and when (retries, backoff, fallbacks, circuits), is
+``Attempts``'s to decide (gateway/attempts.py).
 
 Hot path (per chunk): one orjson parse, the splicer's dict lookups, and the
 received bytes forwarded when nothing needs rewriting; with a ``min_throughput``, a
@@ -32,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,18 +42,17 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.errors import GatewayError, UpstreamFailure, UpstreamTimeout
+from gateway.attempts import Attempts
+from gateway.errors import GatewayError, UpstreamFailure
 from gateway.metrics import Metrics
 from gateway.protocols.base import Adapter
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.classify import (
     DESCRIPTIONS,
-    RETRYABLE_STATUSES,
     Cause,
     classify_transport_error,
     is_context_length_error,
     is_transient_error,
-    retry_after_seconds,
 )
 from gateway.recovery.events import Chunk, Done, InBandError, Malformed
 from gateway.recovery.plan import Plan, plan_recovery
@@ -140,8 +140,7 @@ class Run:
         self._upstreams = upstreams
         self._metrics = metrics
         self._started = time.perf_counter() if started is None else started
-        self._leg_index = 0
-        self._attempt = 0  # on the current leg
+        self.attempts = Attempts(route, upstreams.circuits, metrics)  # which leg, when
         self._plan: Plan | None = None  # None: the original request
         self._plans: list[Plan] = []
         self._response: httpx.Response | None = None
@@ -150,9 +149,7 @@ class Run:
         self._after_done: AsyncIterator[bytes] | None = None
         self._first_event_deadline = 0.0
         self._request_bytes = 0  # of the open attempt's request (a usage estimate's input)
-        self._last_delay = 0.0
         self._restored_legs: frozenset[int] = frozenset()  # usage another replica counted
-        self.attempts = 0  # upstream requests made, over all legs
         self.recoveries = 0  # recovery plans carried out
         self.first_token_at: float | None = None  # perf_counter of the first content sent
         self.outcome: str | None = None  # done, failed or detached, once it ended
@@ -165,7 +162,7 @@ class Run:
 
     @property
     def leg(self) -> ResolvedLeg:
-        return self.route.legs[self._leg_index]
+        return self.attempts.leg
 
     @property
     def body(self) -> dict[str, Any]:
@@ -174,7 +171,7 @@ class Run:
 
     @property
     def leg_index(self) -> int:
-        return self._leg_index
+        return self.attempts.index
 
     def restore(
         self, accumulator: RunAccumulator, *, leg: int, splice_leg: int, in_flight: list[str]
@@ -186,7 +183,7 @@ class Run:
             accumulator.estimated_by_leg
         )
         self.splicer.restore(splice_leg, in_flight)
-        self._leg_index = min(leg, len(self.route.legs) - 1)
+        self.attempts.restore(leg)
 
     # -- opening an attempt ---------------------------------------------------------
 
@@ -226,14 +223,15 @@ class Run:
         ``UpstreamHTTPError`` (passed through unchanged before the client stream
         started) or a ``GatewayError``.
         """
+        attempts = self.attempts
         while True:
-            leg = self.leg
-            if not self._circuit_allows(leg):
-                self._next_leg(UpstreamFailure(f"Upstream {leg.upstream.name!r} is skipped."))
+            leg = attempts.leg
+            if not attempts.allowed():
+                attempts.next_leg(UpstreamFailure(f"Upstream {leg.upstream.name!r} is skipped."))
                 continue
             body = self.request_body(leg)
             if body is None:
-                self._next_leg(
+                attempts.next_leg(
                     UpstreamFailure(f"Upstream {leg.upstream.name!r} cannot continue an answer.")
                 )
                 continue
@@ -246,26 +244,13 @@ class Run:
             except UpstreamHTTPError as exc:
                 if self._refused_prefill(leg, exc):
                     # Not the leg's failure: the same leg again at once, in prompt mode.
-                    self._count_attempt("prefill_refused")
+                    attempts.count("prefill_refused")
                     continue
-                self._count_attempt(f"http_{exc.status_code}")
-                if exc.status_code in RETRYABLE_STATUSES:
-                    await self._backoff(exc, retry_after=retry_after_seconds(exc.headers))
-                elif self._plan is None and not is_context_length_error(exc.content):
-                    raise  # the client's own request was refused: never retried
-                else:
-                    # A larger-context leg, or a leg that rejected the continuation
-                    # (e.g. an assistant prefill): the next leg may do better.
-                    self._next_leg(exc)
-            except UpstreamTimeout as exc:
-                # Retrying a silent upstream only multiplies the wait: next leg at once.
-                self._count_attempt("first_byte_timeout")
-                self._next_leg(exc)
+                await attempts.failed_open(exc, first=self._plan is None)
             except UpstreamFailure as exc:
-                self._count_attempt("connect_error")
-                await self._backoff(exc)
+                await attempts.failed_open(exc, first=self._plan is None)
             else:
-                self._count_attempt("ok")
+                attempts.count("ok")
                 self._request_bytes = len(body)
                 return
 
@@ -289,52 +274,6 @@ class Run:
             extra={"run_id": self.id, "upstream": leg.upstream.name, "mode": mode},
         )
         return True
-
-    async def _backoff(
-        self, last: Exception, *, retry_after: float | None = None, idle: bool = False
-    ) -> None:
-        """Wait before the next attempt on this leg, or move on once its budget is spent."""
-        policy = self.route.retry
-        if self._attempt >= policy.retries:
-            self._next_leg(last)
-            return
-        self._attempt += 1
-        if retry_after is not None:
-            delay = min(retry_after, policy.retry_after_max)
-        elif idle:
-            delay = policy.idle_retry_delay
-        else:
-            ceiling = min(policy.backoff_max, policy.backoff_initial * 2 ** (self._attempt - 1))
-            delay = ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter spreads retries
-        self._last_delay = delay
-        await asyncio.sleep(delay)  # a cancelled run ends here, at once
-
-    def _next_leg(self, last: Exception) -> None:
-        if self._leg_index + 1 >= len(self.route.legs):
-            raise last
-        self._leg_index += 1
-        self._attempt = 0
-        self._last_delay = 0.0
-
-    def _count_attempt(self, result: str) -> None:
-        """Count an attempt's ``result`` (``ok``, ``http_<status>``, ``connect_error``…),
-        and tell its upstream's circuit breaker what it says about the upstream's health."""
-        self.attempts += 1
-        leg = self.leg
-        self._metrics.attempts.labels(leg.upstream.name, str(self._leg_index), result).inc()
-        circuit = self._upstreams.circuits[leg.upstream.name]
-        if result in ("connect_error", "first_byte_timeout") or result.startswith("http_5"):
-            circuit.failed()
-        elif result == "prefill_refused" or (result.startswith("http_4") and result != "http_429"):
-            circuit.succeeded()  # up and judging requests; a 429 says nothing either way
-        # ok: the stream may still break; its end decides (_run).
-
-    def _circuit_allows(self, leg: ResolvedLeg) -> bool:
-        """Whether to try ``leg`` now: its upstream's circuit is closed or lets this run
-        probe it — or it is the route's last leg, tried anyway rather than failing a
-        run without a single attempt."""
-        allowed = self._upstreams.circuits[leg.upstream.name].allows()
-        return allowed or self._leg_index + 1 >= len(self.route.legs)
 
     async def aclose(self) -> None:
         if self._response is not None:
@@ -418,14 +357,14 @@ class Run:
             if failure is None:
                 try:
                     await self._relay(emit)
-                    self._upstreams.circuits[self.leg.upstream.name].succeeded()
+                    self.attempts.stream_ended(healthy=True)
                     self._count_recoveries("recovered")
                     await _emitted(emit, self.splicer.close())
                     self.outcome = "done"
                     return
                 except StreamInterrupted as interrupted:
                     if not interrupted.fatal:  # a fatal error is a refusal, not ill health
-                        self._upstreams.circuits[self.leg.upstream.name].failed()
+                        self.attempts.stream_ended(healthy=False)
                     failure = interrupted
                     await self.aclose()
             self.last_cause = failure.cause
@@ -458,11 +397,7 @@ class Run:
             self._plans.append(plan)
             self.recoveries += 1
             try:
-                if failure.cause in (Cause.FIRST_BYTE_TIMEOUT, Cause.SLOW):
-                    # Trying a silent or crawling leg again only multiplies the wait.
-                    self._next_leg(failure)
-                elif failure.cause not in (Cause.REPLICA_LOST, Cause.DETACHED):
-                    await self._backoff(failure, idle=failure.cause is Cause.IDLE)
+                await self.attempts.after_interruption(failure, failure.cause)
                 self._log_recovery(failure, plan)
                 await self.open()
             except (GatewayError, UpstreamHTTPError) as exc:
@@ -497,10 +432,10 @@ class Run:
                 "run_id": self.id,
                 "cause": failure.cause.value,
                 "plan": plan.value,
-                "attempt": self._attempt,
-                "leg": self._leg_index,
+                "attempt": self.attempts.attempt,
+                "leg": self.attempts.index,
                 "upstream": self.leg.upstream.name,
-                "delay_s": round(self._last_delay, 3),
+                "delay_s": round(self.attempts.last_delay, 3),
                 "sent_chars": self.accumulator.text_chars,
             },
         )
@@ -583,7 +518,7 @@ class Run:
         """The slow-stream check of a leg whose first event came at ``start``: the route's
         ``min_throughput``, on every leg but the last, where a slow answer beats none."""
         minimum = self.route.min_throughput
-        if minimum is None or self._leg_index + 1 >= len(self.route.legs):
+        if minimum is None or self.attempts.on_last_leg:
             return None
         return ThroughputGuard(minimum, start)
 
