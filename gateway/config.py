@@ -76,6 +76,21 @@ class Logging(_Model):
     content: bool = False
 
 
+class Tracing(_Model):
+    """OpenTelemetry traces over OTLP/HTTP (docs/tracing.md). The exporter, sampler and
+    resource also read the standard OTEL_* environment variables."""
+
+    # Unset: on when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set;
+    # true: on (default endpoint http://localhost:4318); false: off whatever the env.
+    enabled: bool | None = None
+    # The collector's OTLP/HTTP base URL (/v1/traces is appended); unset: the env's.
+    endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    service_name: str | None = None  # unset: OTEL_SERVICE_NAME, else resumable-gateway
+    # Prompts and answers in spans (gen_ai.input.messages, gen_ai.output.messages);
+    # unset: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT. Never credentials.
+    capture_content: bool | None = None
+
+
 class Timeouts(_Model):
     connect: float = Field(default=5.0, gt=0, description="TCP + TLS connect, seconds")
     first_byte: float = Field(
@@ -379,6 +394,7 @@ class GatewayConfig(_Model):
     limits: Limits = Limits()
     state: State = State()
     logging: Logging = Logging()
+    tracing: Tracing = Tracing()
 
     @model_validator(mode="after")
     def _check_references(self) -> GatewayConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from starlette.requests import Request
@@ -15,6 +16,7 @@ from gateway.inbound import ClientAuth, read_body, read_json_object
 from gateway.metrics import Metrics
 from gateway.registry import Runs
 from gateway.resume import Resumes
+from gateway.tracing import Tracing, tracing_enabled
 from gateway.upstream.breaker import CircuitState
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import Router
@@ -43,6 +45,7 @@ class Gateway:
             max_client_lag=config.limits.max_client_lag_bytes,
         )
         self.resumes = Resumes(self.runs, self.router)
+        self.tracing: Tracing | None = None  # started with the app (one per worker)
         self.draining = False
         self._drain: asyncio.Task[None] | None = None
         self._store_check: asyncio.Task[str | None] | None = None
@@ -51,6 +54,8 @@ class Gateway:
 
     async def start(self) -> None:
         self.runs.start()
+        if tracing_enabled(self.config.tracing, os.environ):
+            self.tracing = self.resumes.tracing = Tracing(self.config.tracing, os.environ)
 
     def _circuit_changed(self, upstream: str, state: CircuitState) -> None:
         self.metrics.circuit_transitions.labels(upstream, state.value).inc()
@@ -107,6 +112,8 @@ class Gateway:
                 await asyncio.gather(self._store_check, return_exceptions=True)
             await self.runs.aclose()  # runs first: their last checkpoints need the store
             await self.upstreams.aclose()
+            if self.tracing is not None:  # last: the runs' spans end as they close
+                await self.tracing.aclose()
 
 
 async def _store_problem(store: RedisStore) -> str | None:

@@ -441,6 +441,7 @@ class LocalRun:
                 run.adapter.name,
                 run.query,
                 run.fallbacks,
+                run.trace.traceparent if run.trace is not None else None,
             ).encode()
         accumulator, splicer = run.accumulator, run.splicer
         state = RunState(

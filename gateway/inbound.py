@@ -49,6 +49,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+def trace_context(request: Request) -> dict[str, str]:
+    """The client's W3C trace context (``traceparent``, ``tracestate``), if it sent one."""
+    headers = request.headers
+    return {name: headers[name] for name in ("traceparent", "tracestate") if name in headers}
+
+
 def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"The request body exceeds the gateway's limit of {limit} bytes.")
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.checkpoint.model import Checkpoint, owner_hash
@@ -46,6 +46,7 @@ from gateway.protocols import Adapter, adapter_named
 from gateway.recovery.classify import Cause
 from gateway.registry import Runs
 from gateway.run import Run
+from gateway.tracing import Tracing
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import ResolvedRoute, Router
 
@@ -65,6 +66,7 @@ class Forwarding:
 
     upstreams: UpstreamClient
     authorization: str | None
+    trace_context: Mapping[str, str] = field(default_factory=dict)  # traceparent, tracestate
 
 
 class RunNotFound(NotFound):
@@ -102,6 +104,7 @@ class Resumes:
         self._runs = runs
         self._router = router
         self._metrics = runs.metrics
+        self.tracing: Tracing | None = None  # a takeover's run is traced too
 
     async def resume(
         self,
@@ -250,6 +253,17 @@ class Resumes:
             query=record.query,
             fallbacks=record.fallbacks,
         )
+        if self.tracing is not None:
+            run.trace = self.tracing.run(
+                protocol=adapter.name,
+                model=record.body.get("model"),
+                route=route.name,
+                run_id=run_id,
+                stream=run.stream,
+                provider=route.legs[0].upstream.kind,
+                headers=forwarding.trace_context,
+                continues=record.trace or "",
+            )
         accumulator = adapter.replay(checkpoint.events)
         for leg, usage in state.usage_by_leg.items():
             accumulator.set_usage(int(leg), usage)

@@ -37,7 +37,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -62,6 +62,9 @@ from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import SSEDecoder, event_stream
 from gateway.upstream.transport import set_read_timeout, whole
+
+if TYPE_CHECKING:
+    from gateway.tracing import RunTrace
 
 logger = logging.getLogger("gateway.run")
 
@@ -159,6 +162,7 @@ class Run:
         self._prefilled = False  # the open request ends with an assistant message
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
         self.on_interrupted: Callable[[], None] | None = None
+        self.trace: RunTrace | None = None  # its spans, when the gateway traces
 
     @property
     def leg(self) -> ResolvedLeg:
@@ -223,7 +227,15 @@ class Run:
         ``UpstreamHTTPError`` (passed through unchanged before the client stream
         started) or a ``GatewayError``.
         """
-        attempts = self.attempts
+        try:
+            await self._open()
+        except BaseException as exc:
+            if self._plan is None:  # no stream started: the run ends here
+                self.end_trace(_error_type(exc))
+            raise
+
+    async def _open(self) -> None:
+        attempts, trace = self.attempts, self.trace
         while True:
             leg = attempts.leg
             if not attempts.allowed():
@@ -237,22 +249,48 @@ class Run:
                 continue
             loop = asyncio.get_running_loop()
             self._first_event_deadline = loop.time() + leg.timeouts.first_byte
+            headers = None if trace is None else self._trace_attempt(trace, leg)
             try:
                 self._response = await self._upstreams.open_stream(
-                    leg, body, self._client_authorization, self.idle_timeout(leg), self._path
+                    leg,
+                    body,
+                    self._client_authorization,
+                    self.idle_timeout(leg),
+                    self._path,
+                    headers,
                 )
             except UpstreamHTTPError as exc:
+                if trace is not None:
+                    trace.attempt_failed(f"http_{exc.status_code}", exc.status_code, str(exc))
                 if self._refused_prefill(leg, exc):
                     # Not the leg's failure: the same leg again at once, in prompt mode.
                     attempts.count("prefill_refused")
                     continue
                 await attempts.failed_open(exc, first=self._plan is None)
             except UpstreamFailure as exc:
+                if trace is not None:
+                    trace.attempt_failed(exc.code, None, exc.message)
                 await attempts.failed_open(exc, first=self._plan is None)
             else:
                 attempts.count("ok")
+                if trace is not None:
+                    trace.attempt_answered(self._response.status_code)
                 self._request_bytes = len(body)
                 return
+
+    def _trace_attempt(self, trace: RunTrace, leg: ResolvedLeg) -> dict[str, str]:
+        """Start the span of the request about to go to ``leg``: its headers."""
+        plan = self._plan
+        continued = plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL)
+        return trace.attempt(
+            leg,
+            index=self.attempts.index,
+            attempt=self.attempts.attempt,
+            plan="none" if plan is None else plan.value,
+            mode=("prefill" if self._prefilled else "prompt") if continued else None,
+            delay=self.attempts.last_delay,
+            seams=len(self.splicer.seam_outcomes()),
+        )
 
     def _refused_prefill(self, leg: ResolvedLeg, exc: UpstreamHTTPError) -> bool:
         """A continuation ending with an assistant message was refused (400/422): the
@@ -299,16 +337,17 @@ class Run:
         metrics, route = self._metrics, self.route.name
         metrics.active_streams.inc()
         failure = None if resume is None else self._interrupted(resume)
+        error = None
         try:
             await self._run(emit, failure)
         except GatewayError as exc:
-            self.outcome = "failed"
+            self.outcome, error = "failed", _error_type(exc)
             await _emitted(emit, self.splicer.fail(exc))
         except asyncio.CancelledError:
             self.outcome = self.outcome or "detached"
             raise
         except Exception:
-            self.outcome = "failed"
+            self.outcome, error = "failed", "internal_error"
             logger.exception("run failed", extra={"run_id": self.id})
             failed = GatewayError("The gateway failed while relaying the answer.")
             await _emitted(emit, self.splicer.fail(failed))
@@ -316,23 +355,45 @@ class Run:
             metrics.active_streams.dec()
             metrics.stream_duration.labels(route).observe(time.perf_counter() - self._started)
             self._count_tokens()
+            self.end_trace(error)
             await self.aclose()
 
     async def collect(self) -> dict[str, Any]:
         """Run to the end for a non-streaming client; return the assembled answer."""
+        error = None
         try:
             await self._run(_discard)
         except asyncio.CancelledError:
             # Its client left (api/chat.py): the upstream response is closed below.
             self.outcome = self.outcome or "cancelled"
             raise
-        except BaseException:
-            self.outcome = self.outcome or "failed"
+        except BaseException as exc:
+            self.outcome, error = self.outcome or "failed", _error_type(exc)
             raise
         finally:
             self._count_tokens()
+            self.end_trace(error)
             await self.aclose()
         return self.adapter.assemble(self.accumulator)
+
+    def end_trace(self, error: str | None = None) -> None:
+        """End the run's span (once): what it answered, cost and took."""
+        trace, self.trace = self.trace, None
+        if trace is None:
+            return
+        accumulator = self.accumulator
+        trace.content(self._body, accumulator.text)
+        trace.end(
+            outcome=self.outcome,
+            identity=accumulator.identity,
+            finish_reason=accumulator.finish_reason,
+            usage=accumulator.usage,
+            attempts=self.attempts.made,
+            recoveries=self.recoveries,
+            legs=self.splicer.leg + 1,
+            seams=self.splicer.seam_outcomes(),
+            error=error,
+        )
 
     def _count_tokens(self) -> None:
         """Tokens by leg, reported apart from estimated (``gateway.recovery.usage``)."""
@@ -358,6 +419,7 @@ class Run:
                 try:
                     await self._relay(emit)
                     self.attempts.stream_ended(healthy=True)
+                    self._trace_leg_ended()
                     self._count_recoveries("recovered")
                     await _emitted(emit, self.splicer.close())
                     self.outcome = "done"
@@ -365,6 +427,9 @@ class Run:
                 except StreamInterrupted as interrupted:
                     if not interrupted.fatal:  # a fatal error is a refusal, not ill health
                         self.attempts.stream_ended(healthy=False)
+                    if self.trace is not None:
+                        chars = self.accumulator.text_chars
+                        self.trace.interrupted(interrupted.cause.value, interrupted.message, chars)
                     failure = interrupted
                     await self.aclose()
             self.last_cause = failure.cause
@@ -375,6 +440,7 @@ class Run:
             if self.on_interrupted is not None:
                 self.on_interrupted()
             self.splicer.end_leg()
+            self._trace_leg_ended()
             if self.splicer.finished:  # broke after the answer was complete
                 self._count_recoveries("recovered")
                 await _emitted(emit, self.splicer.close())
@@ -425,7 +491,19 @@ class Run:
         for cut in self.splicer.seam_outcomes():
             self._metrics.seams.labels(cut).inc()
 
+    def _trace_leg_ended(self) -> None:
+        """The open leg's span ends: with what it cost (reported, else estimated)."""
+        if self.trace is None:
+            return
+        leg, accumulator = self.splicer.leg, self.accumulator
+        estimated = accumulator.estimated_by_leg.get(leg)
+        usage = estimated if estimated is not None else accumulator.usage_by_leg.get(leg)
+        self.trace.leg_ended(usage, estimated is not None, self.splicer.seam_outcomes())
+
     def _log_recovery(self, failure: StreamInterrupted, plan: Plan) -> None:
+        if self.trace is not None:
+            chars = self.accumulator.text_chars
+            self.trace.recovery(plan.value, failure.cause.value, chars)
         logger.info(
             "recovery",
             extra={
@@ -513,6 +591,8 @@ class Run:
         self._awaiting_content = False
         self.first_token_at = time.perf_counter()
         self._metrics.ttft.labels(self.route.name).observe(self.first_token_at - self._started)
+        if self.trace is not None:
+            self.trace.first_token(self.first_token_at - self._started)
 
     def _throughput_guard(self, start: float) -> ThroughputGuard | None:
         """The slow-stream check of a leg whose first event came at ``start``: the route's
@@ -540,3 +620,13 @@ async def _emitted(emit: Emit, data: bytes) -> None:
     wait = emit(data)
     if wait is not None:
         await wait
+
+
+def _error_type(exc: BaseException) -> str:
+    """What a span's ``error.type`` says of an exception: the gateway's error code, the
+    upstream's status, or the exception's class."""
+    if isinstance(exc, UpstreamHTTPError):
+        return str(exc.status_code)
+    if isinstance(exc, GatewayError):
+        return exc.code or type(exc).__name__
+    return "cancelled" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__

@@ -17,7 +17,7 @@ from gateway.api.passthrough import upstream_error_response
 from gateway.api.runs import RunStream, disconnected, resume_stream
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
-from gateway.inbound import credential, speaks_anthropic
+from gateway.inbound import credential, speaks_anthropic, trace_context
 from gateway.observe import CLIENT_CLOSED, request_log
 from gateway.protocols import Adapter
 from gateway.recovery.classify import RETRYABLE_STATUSES
@@ -83,6 +83,16 @@ async def answer(request: Request, asked: Asked) -> Response:
         query=asked.query,
         fallbacks=asked.fallbacks,
     )
+    if gateway.tracing is not None:
+        run.trace = gateway.tracing.run(
+            protocol=asked.adapter.name,
+            model=body.get("model"),
+            route=route.name,
+            run_id=run.id,
+            stream=run.stream,
+            provider=route.legs[0].upstream.kind,
+            headers=trace_context(request),
+        )
     request_log().run = run
     headers = {"x-run-id": run.id}
     try:

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
-from gateway.inbound import credential
+from gateway.inbound import credential, trace_context
 from gateway.observe import ObservedSend, request_log
 from gateway.resume import Forwarding
 
@@ -120,7 +120,7 @@ async def resume_run(
         credential(request),
         after,
         ids=ids,
-        forwarding=Forwarding(upstreams, authorization),
+        forwarding=Forwarding(upstreams, authorization, trace_context(request)),
     )
 
 

@@ -41,6 +41,7 @@ class RunRecord:
     protocol: str = "chat"  # the adapter that speaks the run's wire protocol
     query: str = ""  # the client's query string, which every leg's request carries
     fallbacks: list[str] | None = None  # the request's ``fallbacks`` field, if it had one
+    trace: str | None = None  # the run span's W3C traceparent, when traced: a takeover links it
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively, fast

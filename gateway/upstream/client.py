@@ -252,14 +252,19 @@ class UpstreamClient:
         client_authorization: str | None,
         idle_timeout: float,
         path: str = "/chat/completions",
+        trace_headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         """POST a streaming request (a chat completion, a response…) and wait for its headers.
 
         Returns the open response (the caller closes it). An error status raises
         ``UpstreamHTTPError`` with the body read; transport failures raise 502/504.
+        ``trace_headers``: the ``traceparent`` (and ``tracestate``) of the gateway's
+        span for this request, in place of the client's (gateway/tracing.py).
         """
         upstream = leg.upstream
         headers = self.request_headers(upstream, self._client_headers, client_authorization)
+        if trace_headers:
+            headers.update(trace_headers)
         headers["content-type"] = "application/json"
         headers["accept"] = "text/event-stream"
         # Compression would make proxies and the decoder buffer small SSE frames.

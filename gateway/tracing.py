@@ -1,0 +1,340 @@
+"""OpenTelemetry traces of runs: a span per run, a child span per upstream attempt.
+
+Off by default. On with ``tracing.enabled: true``, or when the standard
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set and
+``tracing.enabled`` is not ``false``. The exporter is OTLP over HTTP (protobuf);
+everything else is the SDK's standard environment: ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER`` (default
+``parentbased_always_on``), ``OTEL_EXPORTER_OTLP_HEADERS``... (docs/tracing.md).
+
+A run's span continues the client's W3C trace context (``traceparent``,
+``tracestate``) and lasts as long as the run, which may outlive the request. Each
+upstream request (first leg, retries, continuations, a takeover's) has its own
+client span, and carries that span's ``traceparent``, so the provider's side joins
+the trace. Attribute names follow the GenAI semantic conventions where they fit
+(``gen_ai.*``); the gateway's own are ``gateway.*``.
+
+Never recorded unless the operator opts in (``tracing.capture_content``, or
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``): the prompt and the
+answer. Never recorded at all: credentials, headers, upstream URLs beyond their
+host and port.
+
+When off, nothing here runs: a run's ``trace`` is None and every hook is one
+``is None`` test per attempt, none per delta; no provider, no exporter thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import orjson
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway.config import ConfigError
+from gateway.config import Tracing as TracingConfig
+
+if TYPE_CHECKING:
+    from gateway.upstream.routes import ResolvedLeg
+
+SERVICE_NAME = "resumable-gateway"
+TRUE = ("true", "1", "yes", "on")
+_W3C = TraceContextTextMapPropagator()  # W3C trace context: what every tracer speaks
+
+# gen_ai.provider.name by upstream kind (the GenAI conventions' well-known values).
+PROVIDERS = {"openai": "openai", "anthropic": "anthropic"}
+
+
+def tracing_enabled(config: TracingConfig, env: Mapping[str, str]) -> bool:
+    """Whether this process traces: the config says so, or the environment names an
+    OTLP endpoint (and neither the config nor ``OTEL_SDK_DISABLED`` says no)."""
+    if env.get("OTEL_SDK_DISABLED", "").lower() in TRUE or config.enabled is False:
+        return False
+    if config.enabled:
+        return True
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    return bool(endpoint) and env.get("OTEL_TRACES_EXPORTER", "otlp").lower() != "none"
+
+
+def check_protocol(env: Mapping[str, str]) -> None:
+    """OTLP over HTTP with protobuf is what the gateway exports; say so at start-up
+    instead of sending protobuf to a gRPC port."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = env.get(name)
+        if protocol:
+            if protocol != "http/protobuf":
+                raise ConfigError(
+                    f"{name}={protocol}: the gateway exports traces over OTLP/HTTP with "
+                    "protobuf only; set it to http/protobuf and point the endpoint at the "
+                    "collector's HTTP port (4318)"
+                )
+            return
+
+
+class Tracing:
+    """The process's tracer: one provider and exporter per gateway (per worker)."""
+
+    def __init__(self, config: TracingConfig, env: Mapping[str, str]) -> None:
+        check_protocol(env)
+        service = config.service_name or env.get("OTEL_SERVICE_NAME") or SERVICE_NAME
+        endpoint = None
+        if config.endpoint is not None:  # a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is
+            endpoint = config.endpoint.rstrip("/") + "/v1/traces"
+        self._provider = TracerProvider(
+            resource=Resource.create({"service.name": service}), shutdown_on_exit=False
+        )
+        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        self.tracer: Tracer = self._provider.get_tracer("resumable-gateway")
+        capture = config.capture_content
+        if capture is None:
+            flag = env.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
+            capture = flag.lower() in TRUE
+        self.capture_content = capture
+
+    def run(
+        self,
+        *,
+        protocol: str,
+        model: Any,
+        route: str,
+        run_id: str,
+        stream: bool,
+        provider: str,  # the first leg's upstream kind
+        headers: Mapping[str, str],
+        continues: str | None = None,
+    ) -> RunTrace:
+        """Start a run's span, as a child of the client's trace context in ``headers``.
+
+        ``continues``: the ``traceparent`` of the run's span on the replica that
+        started it (a takeover): linked, so the two are found together even when the
+        resuming client sends no trace context of its own.
+        """
+        parent = _W3C.extract(headers)
+        links = []
+        if continues:
+            earlier = trace.get_current_span(_W3C.extract({"traceparent": continues}))
+            if earlier.get_span_context().is_valid:
+                links.append(Link(earlier.get_span_context(), {"gateway.link": "takeover"}))
+        span = self.tracer.start_span(
+            f"chat {model}" if isinstance(model, str) else "chat",
+            context=parent,
+            kind=SpanKind.SERVER,
+            links=links,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": PROVIDERS.get(provider, provider),
+                "gateway.protocol": protocol,
+                "gateway.route": route,
+                "gateway.run.id": run_id,
+                "gateway.stream": stream,
+                **({"gen_ai.request.model": model} if isinstance(model, str) else {}),
+                **({"gateway.takeover": True} if continues is not None else {}),
+            },
+        )
+        return RunTrace(self, span)
+
+    async def aclose(self) -> None:
+        """Export what is left and stop the exporter's thread (off the event loop)."""
+        await asyncio.to_thread(self._provider.shutdown)
+
+
+class RunTrace:
+    """One run's spans: the run's own, and the open attempt's (a leg span)."""
+
+    def __init__(self, tracing: Tracing, span: Span) -> None:
+        self._tracing = tracing
+        self.span = span
+        self._context = trace.set_span_in_context(span, Context())
+        self._leg: Span | None = None
+        self._seams = 0  # seam outcomes known when the open leg started
+
+    @property
+    def traceparent(self) -> str:
+        """The run span's W3C ``traceparent``: what a takeover links to."""
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier, self._context)
+        return carrier.get("traceparent", "")
+
+    # -- attempts (leg spans) -------------------------------------------------------
+
+    def attempt(
+        self,
+        leg: ResolvedLeg,
+        *,
+        index: int,
+        attempt: int,
+        plan: str,
+        mode: str | None,
+        delay: float,
+        seams: int,
+    ) -> dict[str, str]:
+        """Start the span of an upstream request; the headers that carry it upstream."""
+        self._close_leg()
+        upstream = leg.upstream
+        url = upstream.base_url
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDERS.get(upstream.kind, upstream.kind),
+            "gen_ai.request.model": leg.model,
+            "gateway.upstream": upstream.name,
+            "gateway.leg": index,
+            "gateway.attempt": attempt,
+            "gateway.continuation": plan,
+        }
+        host, port = _host_port(url)
+        if host:
+            attributes["server.address"] = host
+        if port:
+            attributes["server.port"] = port
+        if mode is not None:
+            attributes["gateway.continuation.mode"] = mode
+        if delay:
+            attributes["gateway.backoff_s"] = round(delay, 3)
+        self._leg = self._tracing.tracer.start_span(
+            f"chat {leg.model}",
+            context=self._context,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        self._seams = seams
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier, trace.set_span_in_context(self._leg, self._context))
+        return carrier
+
+    def attempt_failed(self, result: str, status: int | None, message: str) -> None:
+        """The upstream request got no stream: an error status, a refused connection."""
+        span = self._leg
+        if span is None:
+            return
+        span.set_attribute("gateway.attempt.result", result)
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+        span.set_attribute("error.type", str(status) if status is not None else result)
+        span.set_status(Status(StatusCode.ERROR, message))
+        self._close_leg()
+
+    def attempt_answered(self, status: int) -> None:
+        if self._leg is not None:
+            self._leg.set_attribute("gateway.attempt.result", "ok")
+            self._leg.set_attribute("http.response.status_code", status)
+
+    def interrupted(self, cause: str, message: str, sent_chars: int) -> None:
+        """The open leg's stream broke: an event on it, and its span ends in error."""
+        span = self._leg
+        if span is None:
+            return
+        span.add_event(
+            "gateway.interruption",
+            {"gateway.interruption.cause": cause, "gateway.sent_chars": sent_chars},
+        )
+        span.set_attribute("error.type", cause)
+        span.set_status(Status(StatusCode.ERROR, message))
+
+    def leg_ended(self, usage: Mapping[str, Any] | None, estimated: bool, seams: list[str]) -> None:
+        """The open leg's stream ended (whole or broken): what it cost, how it was joined."""
+        span = self._leg
+        if span is None:
+            return
+        _set_usage(span, usage)
+        if usage is not None and estimated:
+            span.set_attribute("gateway.usage.estimated", True)
+        if len(seams) > self._seams:
+            span.set_attribute("gateway.seam.outcome", seams[-1])
+        self._close_leg()
+
+    def _close_leg(self) -> None:
+        if self._leg is not None:
+            leg, self._leg = self._leg, None
+            leg.end()
+
+    # -- the run --------------------------------------------------------------------
+
+    def recovery(self, plan: str, cause: str, sent_chars: int) -> None:
+        self.span.add_event(
+            "gateway.recovery",
+            {
+                "gateway.recovery.plan": plan,
+                "gateway.interruption.cause": cause,
+                "gateway.sent_chars": sent_chars,
+            },
+        )
+
+    def first_token(self, seconds: float) -> None:
+        self.span.set_attribute("gen_ai.server.time_to_first_token", round(seconds, 6))
+        self.span.add_event("gateway.first_token")
+
+    def content(self, body: Mapping[str, Any], answer: str) -> None:
+        """The prompt and the answer, when the operator opted in."""
+        if not self._tracing.capture_content:
+            return
+        messages = body.get("messages", body.get("input"))
+        prompt: dict[str, Any] = {"messages": messages}
+        for key in ("system", "instructions"):
+            if body.get(key) is not None:
+                prompt[key] = body[key]
+        self.span.set_attribute("gen_ai.input.messages", orjson.dumps(prompt).decode())
+        output = [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
+        self.span.set_attribute("gen_ai.output.messages", orjson.dumps(output).decode())
+
+    def end(
+        self,
+        *,
+        outcome: str | None,
+        identity: Mapping[str, Any] | None,
+        finish_reason: str | None,
+        usage: Mapping[str, Any] | None,
+        attempts: int,
+        recoveries: int,
+        legs: int,
+        seams: list[str],
+        error: str | None,
+    ) -> None:
+        self._close_leg()
+        span = self.span
+        identity = identity or {}
+        if isinstance(identity.get("model"), str):
+            span.set_attribute("gen_ai.response.model", identity["model"])
+        if isinstance(identity.get("id"), str):
+            span.set_attribute("gen_ai.response.id", identity["id"])
+        if finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+        _set_usage(span, usage)
+        span.set_attribute("gateway.outcome", outcome or "failed")
+        span.set_attribute("gateway.attempts", attempts)
+        span.set_attribute("gateway.recoveries", recoveries)
+        span.set_attribute("gateway.legs", legs)
+        if seams:
+            span.set_attribute("gateway.seam.outcomes", seams)
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
+
+def _set_usage(span: Span, usage: Mapping[str, Any] | None) -> None:
+    if not usage:
+        return
+    # Chat's names, or the Responses and Messages ones.
+    for kind, chat in (("input", "prompt"), ("output", "completion")):
+        tokens = usage.get(f"{kind}_tokens", usage.get(f"{chat}_tokens"))
+        if isinstance(tokens, int):
+            span.set_attribute(f"gen_ai.usage.{kind}_tokens", tokens)
+
+
+def _host_port(url: str) -> tuple[str | None, int | None]:
+    try:
+        parts = urlsplit(url)
+        return parts.hostname, parts.port
+    except ValueError:
+        return None, None

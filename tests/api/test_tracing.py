@@ -1,0 +1,368 @@
+"""OpenTelemetry traces, end to end: the gateway exports over OTLP/HTTP (protobuf) to a
+receiver on loopback that decodes the official protobuf messages; the openai and
+anthropic SDKs are the clients, sending a ``traceparent``; the chaos upstream records
+the ``traceparent`` of every request it gets.
+
+A stream recovered once is one trace: the client's trace id on every span and on
+every upstream request, the run's span a child of the client's, one leg span per
+upstream request (each request's ``traceparent`` names its own leg span), the
+interruption on the broken leg, the recovery on the run, and the usage the client was
+told. Off (the default), the gateway adds no header and starts no exporter thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from openai import OpenAI
+
+from gateway.chaos import ChaosUpstream, expected_answer
+from gateway.config import ConfigError, Tracing
+from gateway.tracing import check_protocol, tracing_enabled
+from tests.otlp import Receiver, Span, running_receiver
+from tests.servers import RunningGateway, gateway_config, running_gateway
+
+FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
+UPSTREAM_KEY = "sk-upstream-secret-0451"
+UPSTREAM = {
+    "api_key": UPSTREAM_KEY,
+    "timeouts": {"connect": 2, "first_byte": 3, "idle": 0.5},
+    "protocols": ["chat", "responses", "messages"],
+}
+CLIENT_KEY = "sk-client-secret-7731"
+PROMPT = "Tell me about the lighthouse keeper's otter."
+SEEDS = {"chat": 80, "responses": 81, "messages": 82}
+
+
+class Traceparent:
+    """A client's span: the W3C ``traceparent`` it sends."""
+
+    def __init__(self) -> None:
+        self.trace_id = secrets.token_hex(16)
+        self.span_id = secrets.token_hex(8)
+
+    @property
+    def header(self) -> str:
+        return f"00-{self.trace_id}-{self.span_id}-01"
+
+
+def parse(traceparent: str) -> tuple[str, str]:
+    """(trace id, parent span id) of a ``traceparent`` header."""
+    version, trace_id, span_id, flags = traceparent.split("-")
+    assert version == "00" and int(flags, 16) & 1, traceparent  # sampled
+    return trace_id, span_id
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    with running_receiver() as running:
+        yield running
+
+
+def traced_config(chaos: ChaosUpstream, receiver: Receiver, **tracing: Any) -> Any:
+    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY}
+    return gateway_config(
+        chaos.base_url,
+        upstream=UPSTREAM,
+        routes=[route],
+        tracing={"enabled": True, "endpoint": receiver.url} | tracing,
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _export_fast() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # export within 50 ms, not 5 s
+        yield
+
+
+@pytest.fixture(scope="module")
+def traced(chaos: ChaosUpstream, receiver: Receiver) -> Iterator[RunningGateway]:
+    with running_gateway(traced_config(chaos, receiver)) as running:
+        yield running
+
+
+def openai_sdk(gateway: RunningGateway, traceparent: Traceparent | None = None) -> OpenAI:
+    headers = {} if traceparent is None else {"traceparent": traceparent.header}
+    return OpenAI(
+        base_url=gateway.base_url, api_key=CLIENT_KEY, max_retries=0, default_headers=headers
+    )
+
+
+def anthropic_sdk(gateway: RunningGateway, traceparent: Traceparent) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=gateway.url,
+        api_key=CLIENT_KEY,
+        max_retries=0,
+        default_headers={"traceparent": traceparent.header},
+    )
+
+
+def ask(gateway: RunningGateway, protocol: str, model: str, stream: bool, tp: Traceparent) -> Any:
+    """Ask through the SDK of ``protocol``; (answer id, text, usage in, usage out)."""
+    messages: Any = [{"role": "user", "content": PROMPT}]
+    if protocol == "messages":
+        with anthropic_sdk(gateway, tp) as claude:
+            if not stream:
+                message = claude.messages.create(model=model, max_tokens=1000, messages=messages)
+                usage = message.usage
+                text = "".join(b.text for b in message.content if b.type == "text")
+                return message.id, text, usage.input_tokens, usage.output_tokens
+            with claude.messages.stream(model=model, max_tokens=1000, messages=messages) as events:
+                # Summed over legs in message_delta (the helper keeps message_start's).
+                [delta] = [event.usage for event in events if event.type == "message_delta"]
+                message = events.get_final_message()
+            text = "".join(b.text for b in message.content if b.type == "text")
+            return message.id, text, delta.input_tokens, delta.output_tokens
+    with openai_sdk(gateway, tp) as sdk:
+        if protocol == "responses":
+            response: Any
+            if stream:
+                with sdk.responses.stream(model=model, input=PROMPT) as responses:
+                    for _ in responses:
+                        pass
+                    response = responses.get_final_response()
+            else:
+                response = sdk.responses.create(model=model, input=PROMPT)
+            assert response.usage is not None
+            used = response.usage
+            return response.id, response.output_text, used.input_tokens, used.output_tokens
+        if stream:
+            chunks = sdk.chat.completions.create(
+                model=model,
+                messages=messages,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            ident, text, completion_usage = "", "", None
+            for chunk in chunks:
+                ident = chunk.id
+                text += "".join(c.delta.content or "" for c in chunk.choices)
+                completion_usage = chunk.usage or completion_usage
+        else:
+            completion = sdk.chat.completions.create(
+                model=model,
+                messages=messages,
+            )
+            ident, completion_usage = completion.id, completion.usage
+            text = completion.choices[0].message.content or ""
+        assert completion_usage is not None
+        used_in, used_out = completion_usage.prompt_tokens, completion_usage.completion_tokens
+        return ident, text, used_in, used_out
+
+
+def run_span(spans: list[Span]) -> Span:
+    [run] = [s for s in spans if s.kind == "server"]
+    return run
+
+
+def leg_spans(spans: list[Span], run: Span) -> list[Span]:
+    return sorted(
+        (s for s in spans if s.parent_id == run.span_id),
+        key=lambda s: (s.attributes["gateway.leg"], s.attributes["gateway.attempt"]),
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+def test_a_stream_recovered_once_is_one_trace_from_the_client_to_every_upstream_request(
+    traced: RunningGateway,
+    chaos: ChaosUpstream,
+    receiver: Receiver,
+    protocol: str,
+    stream: bool,
+) -> None:
+    seed = SEEDS[protocol] + (10 if stream else 0)
+    model = f"chaos:text=30,seed={seed},fault=reset,at=12,times=1,usage=1"
+    client = Traceparent()
+    answer_id, text, usage_in, usage_out = ask(traced, protocol, model, stream, client)
+    assert text == expected_answer(model).text  # recovered, whole
+
+    spans = receiver.trace(client.trace_id)
+    assert {s.trace_id for s in spans} == {client.trace_id}
+    run = run_span(spans)
+    assert run.parent_id == client.span_id
+    assert run.name == f"chat {model}"
+    attributes = run.attributes
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.request.model"] == model
+    assert attributes["gen_ai.response.id"] == answer_id
+    assert attributes["gateway.protocol"] == protocol
+    assert attributes["gateway.stream"] is stream
+    assert attributes["gateway.outcome"] == "done"
+    assert attributes["gateway.recoveries"] == 1
+    assert attributes["gateway.attempts"] == 2
+    # Summed over both legs: what the client was told.
+    assert attributes["gen_ai.usage.input_tokens"] == usage_in
+    assert attributes["gen_ai.usage.output_tokens"] == usage_out
+    assert attributes["gen_ai.response.finish_reasons"]
+    assert attributes["gen_ai.server.time_to_first_token"] > 0
+    [(_, recovery)] = [e for e in run.events if e[0] == "gateway.recovery"]
+    assert recovery["gateway.interruption.cause"] == "reset"
+    assert recovery["gateway.recovery.plan"] == "continue_text"
+
+    first, second = leg_spans(spans, run)
+    assert first.kind == second.kind == "client"
+    assert first.attributes["gateway.continuation"] == "none"
+    assert second.attributes["gateway.continuation"] == "continue_text"
+    assert second.attributes["gateway.continuation.mode"] in ("prompt", "prefill")
+    for leg in (first, second):
+        assert leg.attributes["gateway.upstream"] == "chaos"
+        assert leg.attributes["server.address"] == "127.0.0.1"
+        assert leg.attributes["http.response.status_code"] == 200
+    [(_, interruption)] = first.events
+    assert interruption["gateway.interruption.cause"] == "reset"
+    assert first.status == 2  # error
+    assert first.attributes["error.type"] == "reset"
+    assert second.status != 2 and not second.events
+
+    # Each upstream request carried its own leg span's traceparent, in the client's trace.
+    requests = chaos.requests_for(model)
+    assert len(requests) == 2
+    carried = [parse(r.headers["traceparent"]) for r in requests]
+    assert carried == [(client.trace_id, first.span_id), (client.trace_id, second.span_id)]
+
+
+def test_a_request_without_trace_context_starts_a_trace(
+    traced: RunningGateway, chaos: ChaosUpstream, receiver: Receiver
+) -> None:
+    model = "chaos:text=5,seed=90"
+    with openai_sdk(traced) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": PROMPT}]
+        )
+    spans = receiver.of_run(raw.headers["x-run-id"])
+    run = run_span(spans)
+    assert run.parent_id == ""  # a root span
+    [leg] = leg_spans(spans, run)
+    [request] = chaos.requests_for(model)
+    assert parse(request.headers["traceparent"]) == (run.trace_id, leg.span_id)
+    assert run.resource["service.name"] == "resumable-gateway"
+
+
+def test_failed_attempts_and_an_error_answer_are_spans_in_error(
+    traced: RunningGateway, chaos: ChaosUpstream, receiver: Receiver
+) -> None:
+    # 503 on every attempt: three attempts (two retries), then the client gets the 503.
+    model = "chaos:text=5,seed=91,fault=http_503"
+    client = Traceparent()
+    with openai_sdk(traced, client) as sdk, pytest.raises(openai.APIStatusError) as raised:
+        sdk.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPT}], stream=True
+        )
+    assert raised.value.status_code == 503
+    spans = receiver.trace(client.trace_id)
+    run = run_span(spans)
+    assert run.status == 2
+    assert run.attributes["error.type"] == "503"
+    legs = leg_spans(spans, run)
+    assert [leg.attributes["gateway.attempt"] for leg in legs] == [0, 1, 2]
+    for leg in legs:
+        assert leg.attributes["http.response.status_code"] == 503
+        assert leg.attributes["gateway.attempt.result"] == "http_503"
+        assert leg.status == 2
+    assert legs[1].attributes["gateway.backoff_s"] > 0
+    carried = [parse(r.headers["traceparent"])[1] for r in chaos.requests_for(model)]
+    assert carried == [leg.span_id for leg in legs]
+
+
+def test_spans_hold_no_prompt_answer_or_credential_unless_content_capture_is_on(
+    chaos: ChaosUpstream, receiver: Receiver
+) -> None:
+    model = "chaos:text=20,seed=92,fault=reset,at=8,times=1"
+    answer = expected_answer(model).text
+    with running_gateway(traced_config(chaos, receiver)) as gateway:
+        client = Traceparent()
+        ask(gateway, "chat", model, True, client)
+        receiver.trace(client.trace_id)
+    exported = b"".join(receiver.bodies)
+    for secret in (CLIENT_KEY, UPSTREAM_KEY, PROMPT, answer[:40]):
+        assert secret.encode() not in exported, secret
+
+    receiver.clear()
+    model = "chaos:text=20,seed=93,fault=reset,at=8,times=1"
+    answer = expected_answer(model).text
+    with running_gateway(traced_config(chaos, receiver, capture_content=True)) as gateway:
+        client = Traceparent()
+        ask(gateway, "chat", model, True, client)
+        run = run_span(receiver.trace(client.trace_id))
+    assert PROMPT in json.loads(run.attributes["gen_ai.input.messages"])["messages"][0]["content"]
+    [output] = json.loads(run.attributes["gen_ai.output.messages"])
+    assert output["parts"] == [{"type": "text", "content": answer}]
+    exported = b"".join(receiver.bodies)
+    for secret in (CLIENT_KEY, UPSTREAM_KEY):
+        assert secret.encode() not in exported, secret
+
+
+def exporter_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if "otel" in t.name.lower()}
+
+
+def test_off_by_default_no_header_is_added_and_no_exporter_thread_runs(
+    chaos: ChaosUpstream,
+) -> None:
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in os.environ
+    client = Traceparent()
+    config = gateway_config(chaos.base_url)
+    before = exporter_threads()  # other tests' gateways may still run
+    with running_gateway(config) as gateway, openai_sdk(gateway) as sdk:
+        assert exporter_threads() == before
+        model = "chaos:text=5,seed=94"
+        sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+        model_traced = "chaos:text=5,seed=95"
+        sdk.chat.completions.create(
+            model=model_traced,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"traceparent": client.header},
+        )
+        assert exporter_threads() == before
+    [plain] = chaos.requests_for(model)
+    assert "traceparent" not in plain.headers and "tracestate" not in plain.headers
+    # The client's own trace context is passed through as it came, as any header is.
+    [forwarded] = chaos.requests_for(model_traced)
+    assert forwarded.headers["traceparent"] == client.header
+
+
+def test_the_exporter_thread_stops_with_the_gateway(
+    chaos: ChaosUpstream, receiver: Receiver
+) -> None:
+    before = exporter_threads()
+    with running_gateway(traced_config(chaos, receiver)):
+        started = exporter_threads() - before
+        assert started
+    assert not started & exporter_threads()
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "on"),
+    [
+        ({}, {}, False),
+        ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+        ({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+        ({"enabled": False}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, False),
+        ({"enabled": True}, {}, True),
+        ({"enabled": True}, {"OTEL_SDK_DISABLED": "true"}, False),
+        (
+            {},
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"},
+            False,
+        ),
+    ],
+)
+def test_when_tracing_is_on(config: dict[str, Any], env: dict[str, str], on: bool) -> None:
+    assert tracing_enabled(Tracing(**config), env) is on
+
+
+def test_a_grpc_protocol_is_a_clear_config_error() -> None:
+    check_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    with pytest.raises(ConfigError, match="http/protobuf"):
+        check_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
