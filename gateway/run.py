@@ -231,7 +231,8 @@ class Run:
             await self._open()
         except BaseException as exc:
             if self._plan is None:  # no stream started: the run ends here
-                self.end_trace(_error_type(exc))
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                self.end_trace(_error_type(exc), "cancelled" if cancelled else "failed")
             raise
 
     async def _open(self) -> None:
@@ -376,7 +377,7 @@ class Run:
             await self.aclose()
         return self.adapter.assemble(self.accumulator)
 
-    def end_trace(self, error: str | None = None) -> None:
+    def end_trace(self, error: str | None = None, outcome: str | None = None) -> None:
         """End the run's span (once): what it answered, cost and took."""
         trace, self.trace = self.trace, None
         if trace is None:
@@ -384,7 +385,7 @@ class Run:
         accumulator = self.accumulator
         trace.content(self._body, accumulator.text)
         trace.end(
-            outcome=self.outcome,
+            outcome=outcome or self.outcome,
             identity=accumulator.identity,
             finish_reason=accumulator.finish_reason,
             usage=accumulator.usage,

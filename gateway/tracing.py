@@ -26,6 +26,7 @@ When off, nothing here runs: a run's ``trace`` is None and every hook is one
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -45,6 +46,8 @@ from gateway.config import Tracing as TracingConfig
 
 if TYPE_CHECKING:
     from gateway.upstream.routes import ResolvedLeg
+
+logger = logging.getLogger("gateway.tracing")
 
 SERVICE_NAME = "resumable-gateway"
 TRUE = ("true", "1", "yes", "on")
@@ -94,7 +97,18 @@ class Tracing:
         self._provider = TracerProvider(
             resource=Resource.create({"service.name": service}), shutdown_on_exit=False
         )
-        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        exporter = OTLPSpanExporter(endpoint=endpoint)
+        self._provider.add_span_processor(BatchSpanProcessor(exporter))
+        # Where spans go, without what the URL may carry besides its host (the headers,
+        # which may hold a vendor's key, are never logged).
+        where = endpoint or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        host, port = _host_port(
+            where or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+        )
+        logger.info(
+            "tracing on",
+            extra={"service": service, "otlp_host": host, "otlp_port": port},
+        )
         self.tracer: Tracer = self._provider.get_tracer("resumable-gateway")
         capture = config.capture_content
         if capture is None:

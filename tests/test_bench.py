@@ -265,3 +265,22 @@ def test_replication_benchmark_waits_for_the_replica_and_loses_no_frame() -> Non
     written = run.stdout.split("checkpoint writes: ")[1]
     acknowledged = int(written.split(" ")[0])
     assert acknowledged > 0 and ", 0 not in time" in written, run.stdout
+
+
+def test_tracing_benchmark_compares_off_sampled_and_all_and_exports_spans() -> None:
+    run = bench_module("bench.tracing", "--streams", "8", "--rounds", "1")
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| 8 |")]
+    assert [row.split("|")[2].strip() for row in rows] == [
+        "off (default)",
+        "on, 10% sampled",
+        "on, 100% (default)",
+    ], run.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[-1] == "0" and cells[-2].endswith("of 8"), row  # every stream, no error
+        assert float(cells[3]) > 0.5, row  # frames/s against the untraced gateway
+    received = run.stdout.split("Spans the sink received: ")[1]
+    counts = dict(part.split(" ") for part in received.rstrip(".\n").split(", "))
+    assert counts["off"] == "0", run.stdout  # off: nothing exported
+    # 100%: a run span and an upstream request span for every stream of every round.
+    assert int(counts["all"]) >= 2 * 8, run.stdout

@@ -35,6 +35,7 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.metrics import Metrics
 from gateway.serve import SHUTDOWN_MARGIN
+from gateway.tracing import tracing_enabled
 from tests.servers import free_port, gateway_config, running_gateway
 
 ROOT = Path(__file__).parent.parent
@@ -129,11 +130,12 @@ def host_path(name: str, container_path: str) -> Path:
 
 def test_compose_services_and_their_profiles() -> None:
     services = compose()["services"]
-    assert set(services) == {"gateway", "redis", "chaos", "prometheus", "grafana"}
+    assert set(services) == {"gateway", "redis", "chaos", "prometheus", "grafana", "jaeger"}
     assert published_port("gateway") == 8080
     assert services["chaos"]["profiles"] == ["demo"]
     assert services["prometheus"]["profiles"] == ["observability"]
     assert services["grafana"]["profiles"] == ["observability"]
+    assert services["jaeger"]["profiles"] == ["observability"]
     assert "profiles" not in services["gateway"]
     assert "profiles" not in services["redis"]
 
@@ -146,6 +148,17 @@ def test_compose_environment_is_what_the_embedded_defaults_read() -> None:
     assert config.upstreams[0].base_url == resolved["GATEWAY_UPSTREAM_BASE_URL"]
     assert config.state.redis_url is not None
     assert config.state.redis_url.get_secret_value() == "redis://redis:6379/0"
+    # Traces are off unless OTEL_EXPORTER_OTLP_ENDPOINT is given (to Jaeger's OTLP/HTTP).
+    assert not tracing_enabled(config.tracing, resolved)
+    told = {
+        k: interpolate(str(v), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318"})
+        for k, v in env.items()
+    }
+    assert tracing_enabled(config.tracing, told)
+    assert (
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://jaeger:4318 docker compose --profile "
+        "observability up" in (ROOT / "docker-compose.yml").read_text(encoding="utf-8")
+    )
 
 
 def test_dockerfile_runs_non_root_on_the_compose_port_with_a_healthcheck() -> None:
@@ -160,7 +173,7 @@ def test_dockerfile_runs_non_root_on_the_compose_port_with_a_healthcheck() -> No
 
 def test_compose_publishes_on_loopback_unless_told_otherwise() -> None:
     publishing = {name for name in compose()["services"] if service(name).get("ports")}
-    assert publishing == {"gateway", "prometheus", "grafana"}
+    assert publishing == {"gateway", "prometheus", "grafana", "jaeger"}
     for name in publishing:
         for mapping in published(name):
             assert mapping.address == "127.0.0.1", name
