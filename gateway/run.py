@@ -379,8 +379,8 @@ class Run:
 
     def end_trace(self, error: str | None = None, outcome: str | None = None) -> None:
         """End the run's span (once): what it answered, cost and took."""
-        trace, self.trace = self.trace, None
-        if trace is None:
+        trace = self.trace
+        if trace is None or trace.ended:
             return
         accumulator = self.accumulator
         trace.content(self._body, accumulator.text)

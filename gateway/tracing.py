@@ -172,6 +172,7 @@ class RunTrace:
         self._context = trace.set_span_in_context(span, Context())
         self._leg: Span | None = None
         self._seams = 0  # seam outcomes known when the open leg started
+        self.ended = False  # its context stays: a last checkpoint still records it
 
     @property
     def traceparent(self) -> str:
@@ -314,6 +315,7 @@ class RunTrace:
         seams: list[str],
         error: str | None,
     ) -> None:
+        self.ended = True
         self._close_leg()
         span = self.span
         identity = identity or {}

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -28,7 +29,7 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.config import ConfigError, Tracing
 from gateway.tracing import check_protocol, tracing_enabled
 from tests.otlp import Receiver, Span, running_receiver
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
 FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 UPSTREAM_KEY = "sk-upstream-secret-0451"
@@ -67,13 +68,16 @@ def receiver() -> Iterator[Receiver]:
         yield running
 
 
-def traced_config(chaos: ChaosUpstream, receiver: Receiver, **tracing: Any) -> Any:
+def traced_config(
+    chaos: ChaosUpstream, receiver: Receiver, state: dict[str, Any] | None = None, **tracing: Any
+) -> Any:
     route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY}
     return gateway_config(
         chaos.base_url,
         upstream=UPSTREAM,
         routes=[route],
         tracing={"enabled": True, "endpoint": receiver.url} | tracing,
+        state=state or {},
     )
 
 
@@ -230,6 +234,74 @@ def test_a_stream_recovered_once_is_one_trace_from_the_client_to_every_upstream_
     assert len(requests) == 2
     carried = [parse(r.headers["traceparent"]) for r in requests]
     assert carried == [(client.trace_id, first.span_id), (client.trace_id, second.span_id)]
+
+
+PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+
+
+def start_and_leave(gateway: RunningGateway, protocol: str, model: str, tp: Traceparent) -> str:
+    """Start a stream, read 6 of its events, hang up; the run id."""
+    field = "input" if protocol == "responses" else "messages"
+    asked: Any = PROMPT if protocol == "responses" else [{"role": "user", "content": PROMPT}]
+    body = {"model": model, field: asked, "stream": True, "max_tokens": 1000}
+    headers = {"authorization": f"Bearer {CLIENT_KEY}", "traceparent": tp.header}
+    url = gateway.base_url + PATHS[protocol]
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=10) as response:
+        assert response.status_code == 200
+        events = 0
+        for line in response.iter_lines():
+            events += line.startswith("data:")
+            if events == 6:
+                return response.headers["x-run-id"]
+    raise AssertionError("the run ended before its client left")
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+def test_a_takeover_is_a_run_span_in_the_resuming_clients_trace_linked_to_the_first(
+    chaos: ChaosUpstream, receiver: Receiver, protocol: str
+) -> None:
+    # Its client gone, the run is stopped after its detach grace (its span ends,
+    # detached); a resume takes it over from the checkpoint, on a span of its own.
+    model = f"chaos:text=60,seed={SEEDS[protocol] + 20},pace_ms=15"
+    first_call = Traceparent()
+    resume_call = Traceparent()
+    resume_call.trace_id = first_call.trace_id
+    config = traced_config(chaos, receiver, state={"detach_grace": 0.1})
+    with running_gateway(config) as gateway:
+        run_id = start_and_leave(gateway, protocol, model, first_call)
+        wait_for(
+            lambda: (
+                gateway.metrics.registry.get_sample_value("gateway_detached_runs_cancelled_total")
+                == 1
+            )
+        )
+        headers = {
+            "authorization": f"Bearer {CLIENT_KEY}",
+            "last-event-id": "6",
+            "traceparent": resume_call.header,
+        }
+        rest = httpx.get(f"{gateway.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
+        assert rest.status_code == 200 and "data:" in rest.text
+        spans = receiver.trace(first_call.trace_id, runs=2)
+    first, taken = sorted(
+        (s for s in spans if s.kind == "server"), key=lambda s: "gateway.takeover" in s.attributes
+    )
+    assert first.parent_id == first_call.span_id
+    assert first.attributes["gateway.outcome"] == "detached"
+    assert taken.parent_id == resume_call.span_id
+    assert taken.attributes["gateway.takeover"] is True
+    assert taken.attributes["gateway.outcome"] == "done"
+    assert taken.links == [(first.trace_id, first.span_id)]
+    [(_, recovery)] = [e for e in taken.events if e[0] == "gateway.recovery"]
+    assert recovery["gateway.interruption.cause"] == "detached"
+    [first_leg] = leg_spans(spans, first)
+    [continued] = leg_spans(spans, taken)
+    assert continued.attributes["gateway.continuation"] == "continue_text"
+    carried = [parse(r.headers["traceparent"]) for r in chaos.requests_for(model)]
+    assert carried == [
+        (first_call.trace_id, first_leg.span_id),
+        (first_call.trace_id, continued.span_id),
+    ]
 
 
 def test_a_request_without_trace_context_starts_a_trace(
