@@ -16,6 +16,7 @@ from gateway.app import CONFIG_ENV
 from gateway.config import ConfigError, GatewayConfig, default_config, load_config
 from gateway.describe import describe
 from gateway.logs import config as logging_config
+from gateway.tracing import check_protocol
 from gateway.upstream.headers import OWN_CREDENTIALS
 from gateway.upstream.reach import check_reach
 
@@ -99,6 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load(args.config)  # fail fast, in the parent, with a clear message
     check_reach(config.upstreams)  # proxies, certificate files
+    check_protocol(os.environ)  # OTLP over HTTP, if tracing is on
     host = args.host or config.listen.host
     if warning := open_proxy_warning(config, host):
         # Once, from the parent (not once per worker), formatted as every other line:
@@ -135,6 +137,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = _load(args.file)
     print(describe(config))
     check_reach(config.upstreams)  # the certificate files are read, as serve reads them
+    check_protocol(os.environ)
     print("config OK")
     return 0
 

@@ -7,6 +7,8 @@ which builds on ``config``.
 
 from __future__ import annotations
 
+from pydantic import SecretStr
+
 from gateway.config import GatewayConfig, mask, mask_url
 from gateway.upstream.reach import reach_of
 
@@ -63,5 +65,12 @@ def describe(config: GatewayConfig) -> str:
     lines.append(
         f"logging: {log.level} {log.format}{'  content=ON' if log.content else ''}  "
         f"drain_timeout={config.listen.drain_timeout:g}s"
+    )
+    tracing = config.tracing
+    on = {True: "on", False: "off", None: "on when OTEL_EXPORTER_OTLP_ENDPOINT is set"}
+    lines.append(
+        f"tracing: {on[tracing.enabled]}"
+        + (f"  endpoint={mask_url(SecretStr(tracing.endpoint))}" if tracing.endpoint else "")
+        + ("  content=ON" if tracing.capture_content else "")
     )
     return "\n".join(lines)

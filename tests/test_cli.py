@@ -231,3 +231,24 @@ def test_a_certificate_file_that_cannot_be_read_stops_check_config_and_serve(
         assert result.returncode == 2
         assert "upstreams.up.tls: a certificate or key file cannot be loaded" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_an_otlp_grpc_protocol_stops_check_config_and_serve_with_what_to_set(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "upstreams:\n  - name: up\n    base_url: http://x/v1\n"
+        "tracing:\n  enabled: true\n  endpoint: http://user:pw-0451@collector:4318\n"
+    )
+    shown = subprocess.run(
+        [*CLI, "check-config", str(path)], capture_output=True, text=True, check=True
+    )
+    assert "tracing: on  endpoint=http://user:****@collector:4318" in shown.stdout
+    assert "pw-0451" not in shown.stdout
+    env = os.environ | {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    for command in (["check-config", str(path)], ["serve", "--config", str(path)]):
+        result = subprocess.run([*CLI, *command], capture_output=True, text=True, env=env)
+        assert result.returncode == 2
+        assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in result.stderr
+        assert "http/protobuf" in result.stderr and "Traceback" not in result.stderr
