@@ -4,7 +4,7 @@ FROM python:3.12-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[bedrock,vertex]"
 
 FROM python:3.12-slim
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin gateway

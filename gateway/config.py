@@ -38,9 +38,13 @@ Continuation = Literal["prompt", "prefill", "vllm", "prefix", "prefix_echo", "no
 Protocol = Literal["chat", "responses", "messages"]
 # How an upstream takes its key and where its API lives: OpenAI's way (Authorization:
 # Bearer, base_url up to /chat/completions), or Anthropic's (x-api-key and
-# anthropic-version, base_url as the anthropic SDK takes it: up to /v1/messages).
-UpstreamKind = Literal["openai", "anthropic"]
+# anthropic-version, base_url as the anthropic SDK takes it: up to /v1/messages); the
+# same models on other clouds: Claude on Amazon Bedrock (SigV4) and Google Vertex AI
+# (OAuth), OpenAI's models on Azure OpenAI (api-key). docs/providers.md.
+UpstreamKind = Literal["openai", "anthropic", "bedrock", "vertex", "azure"]
 ANTHROPIC_VERSION = "2023-06-01"
+# Kinds that speak the Anthropic Messages API, in their own framing and auth.
+MESSAGES_KINDS = frozenset({"anthropic", "bedrock", "vertex"})
 PROXY_SCHEMES = ("http://", "https://")  # an HTTP proxy (https: TLS to the proxy itself)
 
 
@@ -163,6 +167,15 @@ class Upstream(_Model):
     # Default: prompt; prefill on an anthropic upstream (a model that refuses it is
     # continued in prompt mode from then on: docs/protocols/messages.md).
     continuation: Continuation = "prompt"
+    # bedrock and vertex: the cloud region (us-east-1; us-east5, europe-west1 or global);
+    # its endpoint is the default base_url. Credentials come from the standard chains:
+    # AWS's (environment, profile, role) and Google's application default credentials.
+    region: str | None = None
+    project: str | None = None  # vertex: the Google Cloud project
+    # azure: the api-version of the deployments URL form (base_url up to the resource,
+    # https://NAME.openai.azure.com; the leg's model is the deployment). Unset: the v1
+    # form, base_url up to /openai/v1, the deployment in the body's model.
+    api_version: str | None = None
     # Continuation is a property of the model: globs of model names (first match
     # wins) with their own mode, e.g. {"claude-*": prompt} on an upstream whose
     # default is prefix. A leg's own `continuation` wins over both.
@@ -213,10 +226,45 @@ class Upstream(_Model):
     def _kind_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict):  # ${KEY:-} left empty: as if not set
             data = {k: v for k, v in data.items() if not (k in ("api_key", "proxy") and v == "")}
-        if isinstance(data, dict) and data.get("kind") == "anthropic":
+        if not isinstance(data, dict):
+            return data
+        kind = data.get("kind")
+        if kind in MESSAGES_KINDS:
             defaults = {"protocols": ["messages"], "continuation": "prefill"}
-            return defaults | data
+            data = defaults | data
+        region = data.get("region")
+        if "base_url" not in data and isinstance(region, str) and region:
+            if kind == "bedrock":
+                data = data | {"base_url": f"https://bedrock-runtime.{region}.amazonaws.com"}
+            elif kind == "vertex":
+                host = "aiplatform.googleapis.com"
+                host = host if region == "global" else f"{region}-{host}"
+                data = data | {"base_url": f"https://{host}/v1"}
         return data
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> Upstream:
+        if self.kind in ("bedrock", "vertex") and not self.region:
+            raise ValueError(f"kind {self.kind} needs a region")
+        if self.kind == "vertex" and not self.project:
+            raise ValueError("kind vertex needs a project")
+        if self.kind in ("bedrock", "vertex") and self.api_key is not None:
+            cloud = "AWS" if self.kind == "bedrock" else "Google application default"
+            raise ValueError(
+                f"kind {self.kind} takes no api_key: it signs with {cloud} credentials"
+            )
+        if (
+            self.kind == "azure"
+            and self.api_version is None
+            and not self.root.endswith("/openai/v1")
+        ):
+            raise ValueError(
+                "kind azure needs base_url up to /openai/v1, or api_version for the "
+                "deployments form (base_url up to the resource)"
+            )
+        if self.kind in ("bedrock", "vertex") and self.protocols != ["messages"]:
+            raise ValueError(f"kind {self.kind} serves protocols [messages] only")
+        return self
 
     @property
     def root(self) -> str:

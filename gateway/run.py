@@ -60,7 +60,7 @@ from gateway.recovery.seam import SeamRule
 from gateway.recovery.throughput import ThroughputGuard
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
-from gateway.upstream.sse import SSEDecoder, event_stream
+from gateway.upstream.sse import event_stream
 from gateway.upstream.transport import set_read_timeout, whole
 
 if TYPE_CHECKING:
@@ -209,6 +209,7 @@ class Run:
             body = continued.body
             self._seam = continued.seam
             self._prefilled = continued.prefill
+        body = self._upstreams.upstream_body(leg, body)  # as its provider takes it
         # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
         # shrunk, and this one is kept (by the upstream request) as long as the run.
         return bytes(memoryview(orjson.dumps(body)))
@@ -537,7 +538,7 @@ class Run:
         received = False
         clock = asyncio.get_running_loop().time
         guard: ThroughputGuard | None = None
-        decoder = SSEDecoder(self._upstreams.max_event_bytes)
+        decoder = self._upstreams.decoder(self.leg)
         body = aiter(event_stream(self._response))  # one iterator: its rest is drained later
         try:
             async with asyncio.timeout_at(self._first_event_deadline) as first_event:

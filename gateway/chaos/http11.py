@@ -33,6 +33,7 @@ class Request:
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes
     query: str = ""
+    dialect: str = ""  # a cloud's door (clouds.py): bedrock, vertex, azure
 
     @property
     def keep_alive(self) -> bool:

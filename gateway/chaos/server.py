@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos import messages, render, responses
+from gateway.chaos import clouds, messages, render, responses
 from gateway.chaos.answer import (
     Script,
     anchor_of,
@@ -53,7 +53,7 @@ from gateway.chaos.faults import (
     reset,
     stall,
 )
-from gateway.chaos.http11 import BadRequest, Request, read_request
+from gateway.chaos.http11 import SSE_HEAD, BadRequest, Request, read_request
 from gateway.chaos.spec import (
     HTTP2_FAULTS,
     HTTP_FAULTS,
@@ -91,6 +91,8 @@ class RecordedRequest:
     prefix: str | None = None
     echo: str | None = None
     answered_text: str | None = None
+    dialect: str = ""  # a cloud's door (bedrock, vertex, azure): body is then normalized
+    received: Any = None  # a cloud door's body as it came (body has its URL's model)
 
 
 class Said(NamedTuple):
@@ -124,6 +126,7 @@ class ChaosUpstream:
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._counts = SpecCounts()  # times= and attempts, by spec string
         self._ids = itertools.count(1)
+        self.tokens = clouds.Tokens()  # the Vertex dialect's OAuth tokens
 
     async def start(self) -> None:
         if self._server is not None:
@@ -213,12 +216,17 @@ class ChaosUpstream:
         # Also under /v1, where a client whose base URL is ``base_url`` finds it.
         if request.path in ("/_chaos/requests", "/v1/_chaos/requests"):
             return await self._introspect(request, writer)
+        if (request.method, request.path) == ("POST", "/token"):  # Vertex's OAuth endpoint
+            return await _reply(writer, request, 200, self.tokens.issue())
         try:
             payload = orjson.loads(request.body) if request.body else None
         except orjson.JSONDecodeError:
             self.requests.append(self._record(request, None))
             message = "We could not parse the JSON body of your request."
             return await _reply_error(writer, request, 400, message)
+        door = clouds.door_of(request)
+        if door is not None and request.method == "POST" and isinstance(payload, dict):
+            return await self._cloud(request, door, payload, reader, writer)
         recorded = self._record(request, payload)
         self.requests.append(recorded)
         route = (request.method, request.path)
@@ -237,6 +245,38 @@ class ChaosUpstream:
             return await self._answer(request, recorded, reader, writer)
         message = f"Unknown request URL: {request.method} {request.path}."
         return await _reply_error(writer, request, 404, message, "unknown_url")
+
+    async def _cloud(
+        self,
+        request: Request,
+        door: clouds.Door,
+        payload: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """A request by a cloud's door: its credentials and body checked as the cloud
+        would, then answered as the same request by the OpenAI or Anthropic path."""
+        answered = dict(payload)
+        if door.model is not None:
+            answered["model"] = door.model
+        if door.stream is not None:
+            answered["stream"] = door.stream
+        recorded = self._record(request, answered)
+        recorded.dialect, recorded.received = door.dialect, payload
+        self.requests.append(recorded)
+        try:
+            if door.dialect == "bedrock":
+                clouds.check_sigv4(request)
+            elif door.dialect == "vertex":
+                self.tokens.check(request)
+            else:
+                clouds.check_azure(request, door)
+            if door.dialect in ("bedrock", "vertex"):
+                clouds.check_claude_body(door, payload)
+        except clouds.Refused as refused:
+            return await _reply(writer, request, refused.status, refused.body, refused.headers)
+        normalized = dataclasses.replace(request, path=door.path, dialect=door.dialect)
+        return await self._answer(normalized, recorded, reader, writer)
 
     @staticmethod
     def _record(request: Request, payload: Any) -> RecordedRequest:
@@ -317,11 +357,15 @@ class ChaosUpstream:
         if fault in HTTP_FAULTS:
             message, kind, code = render.HTTP_ERRORS[fault]
             headers = [("retry-after", str(spec.retry_after))] if fault == "http_429_retry" else []
+            status = HTTP_FAULTS[fault]
+            if request.dialect == "bedrock":
+                refused = clouds.bedrock_error(status, messages.HTTP_ERRORS[fault][1])
+                return await _reply(writer, request, status, refused.body, refused.headers)
             if request.path == "/v1/messages":
                 body = messages.error_body(*messages.HTTP_ERRORS[fault])
             else:
                 body = render.error_body(message, kind, code)
-            return await _reply(writer, request, HTTP_FAULTS[fault], body, headers)
+            return await _reply(writer, request, status, body, headers)
         if request.path == "/v1/responses":
             said = self._said(spec, payload, recorded)
             respond = self._respond_responses
@@ -465,6 +509,10 @@ class ChaosUpstream:
             fault_cut(plan.counts, spec.at, opening=2),
             plan.events,
         )
+        if request.dialect == "bedrock":
+            frames = clouds.bedrock_frames(sent)
+            head = clouds.EVENTSTREAM_HEAD
+            return await _stream(request, reader, writer, spec, frames, ending, head)
         events = render.EventFormat(spec.line_ending, spec.comments)
         encoded = messages.encode_events(sent, events)
         return await _stream(request, reader, writer, spec, encoded, ending)
@@ -477,11 +525,13 @@ async def _stream(
     spec: ChaosSpec,
     events: list[bytes],
     ending: Ending,
+    head: bytes = SSE_HEAD,
 ) -> bool:
     """Send a stream's events, then end its body as ``ending`` says; return whether the
     connection can serve another request."""
+    pace_s = spec.pace_ms / 1000
     await send_events(
-        writer, events, pace_s=spec.pace_ms / 1000, split=spec.split, end=ending == "end"
+        writer, events, pace_s=pace_s, split=spec.split, end=ending == "end", head=head
     )
     if ending == "end":
         return request.keep_alive
@@ -523,6 +573,9 @@ async def _reply_error(
     code: str | None = None,
 ) -> bool:
     """An error the server answers on its own; in Anthropic's shape on ``/v1/messages``."""
+    if request.dialect == "bedrock":
+        refused = clouds.bedrock_error(status, message)
+        return await _reply(writer, request, status, refused.body, refused.headers)
     if request.path == "/v1/messages":
         body = messages.error_body(messages.status_error_type(status), message)
     else:

@@ -45,7 +45,13 @@ async def send_json_cut(writer: asyncio.StreamWriter, body: bytes, fault: str) -
 
 
 async def send_events(
-    writer: asyncio.StreamWriter, events: list[bytes], *, pace_s: float, split: int, end: bool
+    writer: asyncio.StreamWriter,
+    events: list[bytes],
+    *,
+    pace_s: float,
+    split: int,
+    end: bool,
+    head: bytes = SSE_HEAD,
 ) -> None:
     """Write the stream's head and events as chunks, ending the body only if ``end``."""
     last = LAST_CHUNK if end else b""
@@ -55,13 +61,13 @@ async def send_events(
         for start in range(0, max(len(events), 1), _BATCH):
             batch = [chunk(event) for event in events[start : start + _BATCH]]
             if start == 0:
-                batch.insert(0, SSE_HEAD)
+                batch.insert(0, head)
             if start + _BATCH >= len(events):
                 batch.append(last)
             writer.write(b"".join(batch))
             await drain(writer)
         return
-    writer.write(SSE_HEAD)
+    writer.write(head)
     await drain(writer)
     # Paced: each event on its own. Unpaced: the pieces of split= straddle events too.
     # Each piece is its own chunk and its own write, so a client reads it on its own.

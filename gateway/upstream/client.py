@@ -11,6 +11,7 @@ import asyncio
 import copy
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 
@@ -25,6 +26,7 @@ from gateway.upstream.headers import (
     end_to_end_headers,
     forwarded_request_headers,
 )
+from gateway.upstream.providers import ANTHROPIC_HEADERS, Decoder, provider_for
 from gateway.upstream.reach import reach_of, transports_for
 from gateway.upstream.routes import ResolvedLeg
 from gateway.upstream.target import upstream_url
@@ -98,6 +100,8 @@ class UpstreamClient:
         }
         # The static part of each upstream's headers, and its URLs, parsed once.
         self._headers = {u.name: self._static_headers(u) for u in upstreams}
+        # Each upstream's door: URL, body, credentials, framing (providers.py).
+        self._providers = {u.name: provider_for(u) for u in upstreams}
         self._secrets = _secrets_of(upstreams)
         # (upstream, model) pairs that refused a continuation with a trailing assistant
         # message: from then on they are continued in prompt mode (shared by the views).
@@ -171,6 +175,8 @@ class UpstreamClient:
             key = upstream.api_key.get_secret_value()
             if upstream.kind == "anthropic":
                 headers["x-api-key"] = key
+            elif upstream.kind == "azure":
+                headers["api-key"] = key
             else:
                 headers["authorization"] = f"Bearer {key}"
         return headers
@@ -186,6 +192,12 @@ class UpstreamClient:
         """
         own = self._headers[upstream.name]
         headers = dict(client_headers)
+        if self._providers[upstream.name].own_credentials:
+            # A cloud's own credentials sign it; the client's never go there, nor the
+            # Anthropic headers its body carries instead.
+            for name in (CREDENTIALS | ANTHROPIC_HEADERS) & headers.keys():
+                del headers[name]
+            return headers
         if own.keys() & OWN_CREDENTIALS:
             for name in CREDENTIALS & headers.keys():
                 del headers[name]
@@ -196,6 +208,14 @@ class UpstreamClient:
         if version is not None:  # the client's (the anthropic SDK sends one), else ours
             headers.setdefault("anthropic-version", version)
         return headers
+
+    def upstream_body(self, leg: ResolvedLeg, body: dict[str, Any]) -> dict[str, Any]:
+        """The protocol's request body as ``leg``'s provider takes it."""
+        return self._providers[leg.upstream.name].body(body, self._client_headers)
+
+    def decoder(self, leg: ResolvedLeg) -> Decoder:
+        """A decoder of ``leg``'s answer body into the protocol's event payloads."""
+        return self._providers[leg.upstream.name].decoder(self.max_event_bytes)
 
     def continuation_of(self, leg: ResolvedLeg) -> Continuation:
         """How ``leg`` continues an answer: its configured mode, or ``prompt`` once its
@@ -262,14 +282,17 @@ class UpstreamClient:
         span for this request, in place of the client's (gateway/tracing.py).
         """
         upstream = leg.upstream
+        provider = self._providers[upstream.name]
         headers = self.request_headers(upstream, self._client_headers, client_authorization)
         if trace_headers:
             headers.update(trace_headers)
         headers["content-type"] = "application/json"
-        headers["accept"] = "text/event-stream"
+        headers["accept"] = provider.accept
         # Compression would make proxies and the decoder buffer small SSE frames.
         headers["accept-encoding"] = "identity"
-        url, target = self._stream_target(upstream.name, path)
+        path = provider.target(path, leg.model)
+        url, target = self._stream_target(upstream.name, path, memo=not provider.model_in_path)
+        await provider.authorize(url, headers, body)
         with map_open_errors(leg):
             response = await self._send(
                 upstream.name,
@@ -283,22 +306,24 @@ class UpstreamClient:
             )
             if response.status_code >= 400:
                 status, headers_out, content = await self.read_error(response)
-                raise UpstreamHTTPError(status, headers_out, content)
+                raise UpstreamHTTPError(status, headers_out, provider.error(status, content))
         if self._view and self.answer_metadata is None:
             self.answer_metadata = answer_metadata(response.headers.multi_items())
         return response
 
-    def _stream_target(self, upstream: str, path: str) -> tuple[httpx.URL, Target | None]:
+    def _stream_target(
+        self, upstream: str, path: str, *, memo: bool = True
+    ) -> tuple[httpx.URL, Target | None]:
         """The URL of an API path on ``upstream``, and the builtin engine's target for a
-        POST to it: both worked out once per path (not per query: clients choose those,
-        so a memo of them would grow without bound)."""
+        POST to it: both worked out once per path (not per query, nor per model in the
+        path: clients choose those, so a memo of them would grow without bound)."""
         known = self._stream_targets.get((upstream, path))
         if known is None:
             url = upstream_url(self._roots[upstream], path)
             transport = self._transports[upstream]
             target = transport.target("POST", url) if type(transport) is Http1Transport else None
             known = (url, target)
-            if "?" not in path:
+            if memo and "?" not in path:
                 self._stream_targets[upstream, path] = known
         return known
 
