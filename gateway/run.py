@@ -539,7 +539,8 @@ class Run:
         clock = asyncio.get_running_loop().time
         guard: ThroughputGuard | None = None
         decoder = self._upstreams.decoder(self.leg)
-        body = aiter(event_stream(self._response))  # one iterator: its rest is drained later
+        # One iterator: its rest is drained later.
+        body = aiter(event_stream(self._response, self._upstreams.media_type(self.leg)))
         try:
             async with asyncio.timeout_at(self._first_event_deadline) as first_event:
                 async for raw in body:

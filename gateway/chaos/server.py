@@ -295,14 +295,17 @@ class ChaosUpstream:
         message = f"Unknown request URL: {request.method} {request.path}."
         return await _reply_error(writer, request, 404, message, "unknown_url")
 
-    def _said(self, spec: ChaosSpec, payload: dict[str, Any], recorded: RecordedRequest) -> Said:
+    def _said(
+        self, spec: ChaosSpec, payload: dict[str, Any], recorded: RecordedRequest, path: str
+    ) -> Said:
         """What a completion answers: the prefix it continues, its echo, its text deltas
-        (None: the script's own), recorded on ``recorded``."""
+        (None: the script's own), recorded on ``recorded``. ``path``: the answer's own
+        (a cloud door's request is answered as the same request on this path)."""
         script = script_for(spec)
-        legacy = recorded.path == "/v1/completions"
+        legacy = path == "/v1/completions"
         if legacy or ends_in_tool_results(payload):
             prefix = ""
-        elif recorded.path == "/v1/messages":  # a trailing assistant message is a prefill
+        elif path == "/v1/messages":  # a trailing assistant message is a prefill
             prefix = messages.messages_prefix(payload)
         else:
             prefix = assistant_prefix(payload)
@@ -367,15 +370,15 @@ class ChaosUpstream:
                 body = render.error_body(message, kind, code)
             return await _reply(writer, request, status, body, headers)
         if request.path == "/v1/responses":
-            said = self._said(spec, payload, recorded)
+            said = self._said(spec, payload, recorded, request.path)
             respond = self._respond_responses
             return await respond(request, payload, model, spec, said, fault, reader, writer)
         if request.path == "/v1/messages":
-            said = self._said(spec, payload, recorded)
+            said = self._said(spec, payload, recorded, request.path)
             anthropic = self._respond_messages
             return await anthropic(request, payload, model, spec, said, fault, reader, writer)
         if request.path != "/v1/embeddings":
-            said = self._said(spec, payload, recorded)
+            said = self._said(spec, payload, recorded, request.path)
             return await self._complete(request, payload, model, spec, said, fault, reader, writer)
         texts = _embedding_inputs(payload.get("input"))
         if texts is None:

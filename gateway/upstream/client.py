@@ -213,6 +213,10 @@ class UpstreamClient:
         """The protocol's request body as ``leg``'s provider takes it."""
         return self._providers[leg.upstream.name].body(body, self._client_headers)
 
+    def media_type(self, leg: ResolvedLeg) -> str:
+        """What ``leg``'s streaming answers are: text/event-stream, or Bedrock's framing."""
+        return self._providers[leg.upstream.name].accept
+
     def decoder(self, leg: ResolvedLeg) -> Decoder:
         """A decoder of ``leg``'s answer body into the protocol's event payloads."""
         return self._providers[leg.upstream.name].decoder(self.max_event_bytes)

@@ -113,10 +113,13 @@ class SSEDecoder:
         )
 
 
-def event_stream(response: httpx.Response) -> httpx.AsyncByteStream:
-    """The body of a streaming answer, after checking that it is an event stream."""
+def event_stream(
+    response: httpx.Response, media_type: str = "text/event-stream"
+) -> httpx.AsyncByteStream:
+    """The body of a streaming answer, after checking that it is an event stream (or
+    ``media_type``: Bedrock's AWS event stream)."""
     content_type = response.headers.get("content-type", "").partition(";")[0].strip()
-    if "text/event-stream" not in content_type.lower():
+    if media_type not in content_type.lower():
         raise UpstreamFailure(
             "The upstream answered a streaming request without an event stream "
             f"(Content-Type {content_type!r}).",

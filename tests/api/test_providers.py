@@ -1,0 +1,218 @@
+"""The same model on several providers, end to end: real sockets, the chaos upstream's
+cloud dialects (Bedrock's SigV4 and event stream framing, Vertex's OAuth, Azure's
+api-key and URL forms), the anthropic and openai SDKs as the gateway's clients.
+
+Each kind relays and recovers through every fault at several points; a stream cut on
+Anthropic is finished on Bedrock or on Vertex, one cut on OpenAI on Azure (streamed
+and not), exactly; bad credentials give a clear error and never leak.
+
+Credentials are found as in production: AWS's from the environment (botocore's
+chain), Google's application default credentials from
+``GOOGLE_APPLICATION_CREDENTIALS`` (an authorized-user file whose token endpoint is
+the chaos upstream's ``/token``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from openai import OpenAI
+
+from gateway.chaos import ChaosUpstream, expected_answer
+from gateway.chaos.clouds import AZURE_KEY, BEDROCK_CREDENTIALS
+from gateway.config import GatewayConfig, parse_config
+from tests.api.test_messages import ASK, blocks, check_contract, final, parse, text
+from tests.servers import RunningGateway, running_gateway
+
+[(KEY_ID, SECRET)] = BEDROCK_CREDENTIALS.items()
+FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
+TIMEOUTS = {"connect": 2, "first_byte": 3, "idle": 0.5}
+FAULTS = [
+    "reset",
+    "close",
+    "stall",
+    "error",
+    "error_done",
+    "no_finish",
+    "finish_error",
+    "malformed",
+]
+
+
+def upstreams(chaos: ChaosUpstream) -> list[dict[str, Any]]:
+    root = chaos.base_url.removesuffix("/v1")
+    return [
+        {"name": "anthropic", "kind": "anthropic", "base_url": root},
+        {"name": "bedrock", "kind": "bedrock", "region": "us-east-1", "base_url": root},
+        {
+            "name": "vertex",
+            "kind": "vertex",
+            "region": "us-east5",
+            "project": "chaos-project",
+            "base_url": chaos.base_url,
+        },
+        {"name": "openai", "kind": "openai", "base_url": chaos.base_url},
+        {"name": "azure", "kind": "azure", "base_url": root + "/openai/v1", "api_key": AZURE_KEY},
+        {
+            "name": "azure-deployments",
+            "kind": "azure",
+            "base_url": root,
+            "api_version": "2024-10-21",
+            "api_key": AZURE_KEY,
+        },
+    ]
+
+
+def config(
+    chaos: ChaosUpstream,
+    upstream: str,
+    fallback: str | None = None,
+    fallback_model: str | None = None,
+    **extra: Any,
+) -> GatewayConfig:
+    """Every kind on the chaos upstream; one catch-all route to ``upstream``, retried
+    without a wait. With ``fallback``: no retry on the primary, and a second leg on
+    ``fallback`` asking for ``fallback_model`` (the same answer, without the fault)."""
+    route: dict[str, Any] = {"match": "*", "upstream": upstream, "retry": FAST_RETRY}
+    if fallback is not None:
+        route["retry"] = FAST_RETRY | {"retries": 0}
+        route["fallbacks"] = [{"upstream": fallback, "model": fallback_model}]
+    data = {
+        "upstreams": [u | {"timeouts": TIMEOUTS} for u in upstreams(chaos)],
+        "routes": [route],
+        **extra,
+    }
+    return parse_config(data, "test config")
+
+
+def service_account(token_uri: str) -> dict[str, str]:
+    """A service account key file's fields, with a fresh RSA key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    return {
+        "type": "service_account",
+        "project_id": "chaos-project",
+        "private_key_id": "chaos-key-1",
+        "private_key": pem,
+        "client_email": "gateway@chaos-project.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cloud_credentials(
+    chaos: ChaosUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """AWS keys in the environment; Google's ADC, a service account whose token endpoint
+    is the chaos upstream's (google-auth sends it a signed JWT, as to Google's); nothing
+    from this machine's own config."""
+    adc = tmp_path_factory.mktemp("gcloud") / "adc.json"
+    adc.write_text(json.dumps(service_account(chaos.base_url.removesuffix("/v1") + "/token")))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+        env.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        env.delenv("AWS_SESSION_TOKEN", raising=False)
+        env.delenv("AWS_PROFILE", raising=False)
+        env.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+        env.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        env.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+        env.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def gateways(chaos: ChaosUpstream) -> Iterator[dict[str, RunningGateway]]:
+    """A gateway per primary kind (no fallback), started once."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        yield {
+            kind: stack.enter_context(running_gateway(config(chaos, kind)))
+            for kind in ("anthropic", "bedrock", "vertex", "openai", "azure", "azure-deployments")
+        }
+
+
+def claude(gateway: RunningGateway) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.url, api_key="client-key", max_retries=0)
+
+
+def gpt(gateway: RunningGateway) -> OpenAI:
+    return OpenAI(base_url=gateway.base_url, api_key="client-key", max_retries=0)
+
+
+def raw_messages(gateway: RunningGateway, model: str) -> list[dict[str, Any]]:
+    body = {"model": model, "max_tokens": 1024, "messages": ASK, "stream": True}
+    with httpx.Client(base_url=gateway.url, timeout=15) as http:
+        raw = http.post("/v1/messages", json=body, headers={"x-api-key": "client-key"})
+    return parse(raw.content)
+
+
+# -- each kind relays and recovers ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["bedrock", "vertex"])
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("at", [2, 14])
+def test_a_claude_cloud_leg_recovers_through_every_fault(
+    gateways: dict[str, RunningGateway], chaos: ChaosUpstream, kind: str, fault: str, at: int
+) -> None:
+    seed = 400 + FAULTS.index(fault) * 4 + (at == 14) * 2 + (kind == "vertex")
+    model = f"chaos:text=30,seed={seed},fault={fault},at={at},times=1"
+    with claude(gateways[kind]) as sdk:
+        message = final(sdk, model)
+    assert "".join(b.text for b in blocks(message, "text")) == expected_answer(model).text
+    requests = chaos.requests_for(model)
+    legs = 1 if fault == "malformed" else 2  # a malformed event is skipped, not a break
+    assert len(requests) == legs and {r.dialect for r in requests} == {kind}
+    assert all("model" not in r.received for r in requests)
+
+
+@pytest.mark.parametrize("kind", ["bedrock", "vertex"])
+def test_a_claude_cloud_leg_keeps_the_messages_contract_and_thinking(
+    gateways: dict[str, RunningGateway], kind: str
+) -> None:
+    seed = 440 + (kind == "vertex")
+    model = f"chaos:text=20,reasoning=6,tools=1,seed={seed},fault=reset,at=9,times=1"
+    events = raw_messages(gateways[kind], model)
+    check_contract(events)
+    assert text(events) == expected_answer(model).text
+    kinds = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert kinds == ["thinking", "text", "tool_use"]
+
+
+@pytest.mark.parametrize("kind", ["azure", "azure-deployments"])
+@pytest.mark.parametrize("fault", ["reset", "stall", "error", "close"])
+def test_an_azure_leg_recovers_chat_and_responses(
+    gateways: dict[str, RunningGateway], chaos: ChaosUpstream, kind: str, fault: str
+) -> None:
+    seed = 450 + ["reset", "stall", "error", "close"].index(fault) * 2 + (kind == "azure")
+    chat_model = f"chaos:text=30,seed={seed},fault={fault},at=10,times=1"
+    responses_model = f"chaos:text=30,seed={seed + 100},fault={fault},at=10,times=1"
+    with gpt(gateways[kind]) as sdk:
+        chunks = sdk.chat.completions.create(
+            model=chat_model, messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        with sdk.responses.stream(model=responses_model, input="x") as events:
+            response = events.get_final_response()
+    assert said == expected_answer(chat_model).text
+    assert response.output_text == expected_answer(responses_model).text
+    for model in (chat_model, responses_model):
+        requests = chaos.requests_for(model)
+        assert len(requests) == 2 and {r.dialect for r in requests} == {"azure"}
+        assert all(r.headers["api-key"] == AZURE_KEY for r in requests)
+        assert all("authorization" not in r.headers for r in requests)
