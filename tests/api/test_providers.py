@@ -15,7 +15,9 @@ the chaos upstream's ``/token``).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -216,3 +218,183 @@ def test_an_azure_leg_recovers_chat_and_responses(
         assert len(requests) == 2 and {r.dialect for r in requests} == {"azure"}
         assert all(r.headers["api-key"] == AZURE_KEY for r in requests)
         assert all("authorization" not in r.headers for r in requests)
+
+
+# -- mid-stream on another provider of the same model -----------------------------------
+
+
+@pytest.mark.parametrize("cloud", ["bedrock", "vertex"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_messages_stream_cut_on_anthropic_is_finished_on_another_cloud(
+    chaos: ChaosUpstream, cloud: str, stream: bool
+) -> None:
+    # Anthropic overloaded mid-answer, every time: its leg is spent at once (no retry),
+    # and the other cloud's leg, the same model by its own id, continues the answer.
+    seed = 470 + (cloud == "vertex") * 2 + stream
+    answer = f"chaos:text=40,seed={seed}"
+    cut = f"{answer},fault=error,at=12"
+    with running_gateway(config(chaos, "anthropic", cloud, answer)) as gateway:
+        if stream:
+            events = raw_messages(gateway, cut)
+            check_contract(events)
+            said = text(events)
+            [start] = [e for e in events if e["type"] == "message_start"]
+            [delta] = [e for e in events if e["type"] == "message_delta"]
+            assert start["message"]["model"] == cut  # the answer's identity: its first leg's
+            # Usage summed over both providers' legs: the chaos upstream bills a token a
+            # delta, so 40 for the whole answer; the cut leg's are estimated (within 10%).
+            assert abs(delta["usage"]["output_tokens"] - 40) <= 4
+        else:
+            with claude(gateway) as sdk:
+                message = sdk.messages.create(model=cut, max_tokens=1024, messages=ASK)
+            said = "".join(b.text for b in blocks(message, "text"))
+    assert said == expected_answer(answer).text  # nothing lost, nothing repeated
+    [first] = chaos.requests_for(cut)
+    [continued] = chaos.requests_for(answer)
+    assert first.dialect == "" and first.path == "/v1/messages"
+    assert continued.dialect == cloud
+    prefill = continued.received["messages"][-1]
+    assert prefill["role"] == "assistant" and answer.startswith("chaos")
+    assert prefill["content"] and expected_answer(answer).text.startswith(prefill["content"])
+
+
+def test_thinking_and_its_signature_are_carried_to_another_cloud(chaos: ChaosUpstream) -> None:
+    answer = "chaos:text=20,reasoning=4,seed=480"
+    cut = f"{answer},fault=error,at=9"
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    with running_gateway(config(chaos, "anthropic", "bedrock", answer)) as gateway:
+        with claude(gateway) as sdk:
+            message = final(sdk, cut, thinking=thinking)
+    assert "".join(b.text for b in blocks(message, "text")) == expected_answer(answer).text
+    [continued] = chaos.requests_for(answer)
+    *_, assistant, user = continued.received["messages"]
+    assert user["role"] == "user"  # prompt mode: no prefill with thinking on
+    signed, prefix = assistant["content"]
+    assert signed["type"] == "thinking" and signed["signature"] == message.content[0].signature
+
+
+@pytest.mark.parametrize("azure", ["azure", "azure-deployments"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_stream_cut_on_openai_is_finished_on_azure(
+    chaos: ChaosUpstream, azure: str, stream: bool
+) -> None:
+    seed = 490 + (azure == "azure") * 2 + stream
+    chat_answer, responses_answer = f"chaos:text=40,seed={seed}", f"chaos:text=40,seed={seed + 10}"
+    with (
+        running_gateway(config(chaos, "openai", azure, chat_answer)) as chat_gateway,
+        running_gateway(config(chaos, "openai", azure, responses_answer)) as responses_gateway,
+        gpt(chat_gateway) as chat_sdk,
+        gpt(responses_gateway) as responses_sdk,
+    ):
+        chat_cut, responses_cut = (
+            f"{chat_answer},fault=reset,at=12",
+            f"{responses_answer},fault=reset,at=12",
+        )
+        asked: Any = [{"role": "user", "content": "x"}]
+        if stream:
+            chunks = chat_sdk.chat.completions.create(model=chat_cut, messages=asked, stream=True)
+            chat_said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            with responses_sdk.responses.stream(model=responses_cut, input="x") as events:
+                responses_said = events.get_final_response().output_text
+        else:
+            completion = chat_sdk.chat.completions.create(model=chat_cut, messages=asked)
+            chat_said = completion.choices[0].message.content or ""
+            responses_said = responses_sdk.responses.create(
+                model=responses_cut, input="x"
+            ).output_text
+    assert chat_said == expected_answer(chat_answer).text
+    assert responses_said == expected_answer(responses_answer).text
+    for cut, answer in ((chat_cut, chat_answer), (responses_cut, responses_answer)):
+        [first] = chaos.requests_for(cut)
+        [continued] = chaos.requests_for(answer)
+        assert first.dialect == "" and continued.dialect == "azure"
+        assert continued.headers["api-key"] == AZURE_KEY
+
+
+def test_a_refused_provider_is_skipped_for_another_cloud_before_the_first_byte(
+    chaos: ChaosUpstream,
+) -> None:
+    answer = "chaos:text=20,seed=500"
+    with running_gateway(config(chaos, "anthropic", "vertex", answer)) as gateway:
+        with claude(gateway) as sdk:
+            message = final(sdk, f"{answer},fault=http_529")
+    assert message.content[0].text == expected_answer(answer).text
+
+
+# -- credentials --------------------------------------------------------------------------
+
+
+def test_a_wrong_aws_secret_is_a_clear_403_that_names_no_credential(
+    chaos: ChaosUpstream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-access-key-9931")
+    with (
+        caplog.at_level(logging.DEBUG),
+        running_gateway(config(chaos, "bedrock")) as gateway,
+        httpx.Client(base_url=gateway.url, timeout=10) as http,
+    ):
+        response = http.post(
+            "/v1/messages",
+            json={"model": "chaos:text=3", "max_tokens": 10, "messages": ASK},
+            headers={"x-api-key": "client-key-7713"},
+        )
+    assert response.status_code == 403
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == "permission_error"
+    assert "signature" in error["error"]["message"]
+    shown = response.text + str(response.headers) + caplog.text
+    for secret in ("wrong-secret-access-key-9931", SECRET, "client-key-7713"):
+        assert secret not in shown
+
+
+def test_no_aws_credentials_is_a_clear_502(
+    chaos: ChaosUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with running_gateway(config(chaos, "bedrock")) as gateway, claude(gateway) as sdk:
+        with pytest.raises(anthropic.InternalServerError, match="found no AWS credentials"):
+            sdk.messages.create(model="chaos:text=3", max_tokens=10, messages=ASK)
+
+
+def test_the_client_credential_never_reaches_a_cloud(
+    gateways: dict[str, RunningGateway], chaos: ChaosUpstream
+) -> None:
+    model = "chaos:text=3,seed=501"
+    for kind in ("bedrock", "vertex"):
+        with claude(gateways[kind]) as sdk:
+            sdk.messages.create(model=model, max_tokens=10, messages=ASK)
+    for request in chaos.requests_for(model):
+        assert "x-api-key" not in request.headers and "anthropic-version" not in request.headers
+        assert "client-key" not in str(request.headers)
+
+
+def test_a_vertex_token_is_fetched_once_and_refreshed_before_it_expires(
+    chaos: ChaosUpstream,
+) -> None:
+    tokens = chaos.tokens
+    with running_gateway(config(chaos, "vertex")) as gateway, claude(gateway) as sdk:
+        tokens.lifetime, before = 3600, tokens.requests
+        for _ in range(3):
+            sdk.messages.create(model="chaos:text=3,seed=502", max_tokens=10, messages=ASK)
+        assert tokens.requests == before + 1  # one token for the three
+    with running_gateway(config(chaos, "vertex")) as gateway, claude(gateway) as sdk:
+        # Tokens that expire within google-auth's refresh margin (3 min 45 s): each
+        # request gets a new one before it goes, never an expiring one.
+        tokens.lifetime, before = 200, tokens.requests
+        for _ in range(3):
+            sdk.messages.create(model="chaos:text=3,seed=503", max_tokens=10, messages=ASK)
+        assert tokens.requests == before + 3
+    tokens.lifetime = 3600
+
+
+def test_vertex_credentials_that_cannot_be_used_are_a_clear_502(
+    chaos: ChaosUpstream, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    broken = tmp_path / "adc.json"
+    broken.write_text(json.dumps(service_account("http://127.0.0.1:9/token")))  # nothing there
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(broken))
+    with running_gateway(config(chaos, "vertex")) as gateway, claude(gateway) as sdk:
+        with pytest.raises(anthropic.InternalServerError, match="Google access token") as raised:
+            sdk.messages.create(model="chaos:text=3", max_tokens=10, messages=ASK)
+    assert "PRIVATE KEY" not in str(raised.value)
