@@ -172,6 +172,12 @@ class Upstream(_Model):
     # AWS's (environment, profile, role) and Google's application default credentials.
     region: str | None = None
     project: str | None = None  # vertex: the Google Cloud project
+    # bedrock: a profile of the shared AWS config, or keys of its own; unset: the chain
+    # (AWS_ACCESS_KEY_ID..., AWS_PROFILE, the shared config, a container or instance role).
+    aws_profile: str | None = None
+    aws_access_key_id: SecretStr | None = None
+    aws_secret_access_key: SecretStr | None = None
+    aws_session_token: SecretStr | None = None
     # azure: the api-version of the deployments URL form (base_url up to the resource,
     # https://NAME.openai.azure.com; the leg's model is the deployment). Unset: the v1
     # form, base_url up to /openai/v1, the deployment in the body's model.
@@ -248,6 +254,12 @@ class Upstream(_Model):
             raise ValueError(f"kind {self.kind} needs a region")
         if self.kind == "vertex" and not self.project:
             raise ValueError("kind vertex needs a project")
+        keys = (self.aws_access_key_id is None, self.aws_secret_access_key is None)
+        if keys[0] != keys[1]:
+            raise ValueError("aws_access_key_id and aws_secret_access_key go together")
+        aws = self.aws_profile is not None or not keys[0] or self.aws_session_token is not None
+        if aws and self.kind != "bedrock":
+            raise ValueError("aws_* settings are for kind bedrock")
         if self.kind in ("bedrock", "vertex") and self.api_key is not None:
             cloud = "AWS" if self.kind == "bedrock" else "Google application default"
             raise ValueError(
@@ -495,7 +507,10 @@ def interpolate_env(node: Any, env: Mapping[str, str], path: str = "") -> Any:
 
 # Keys whose values may hold credentials (a URL may carry user:password): never echoed.
 _SECRET_KEYS = frozenset(
-    {"api_key", "base_url", "headers", "keys", "redis_url", "owner_key", "proxy"}
+    {
+        *("api_key", "base_url", "headers", "keys", "redis_url", "owner_key", "proxy"),
+        *("aws_access_key_id", "aws_secret_access_key", "aws_session_token"),
+    }
 )
 
 

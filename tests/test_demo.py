@@ -26,6 +26,7 @@ from gateway.demo import (
     run_demo,
     surfaced_cleanly,
 )
+from gateway.demo.scenes import BEDROCK_SCENE
 
 CLI = str(Path(sys.executable).with_name("resumable-gateway"))
 
@@ -46,6 +47,8 @@ EXPECTED = {
         "in_band_error",
         "continue_text",
     ),
+    # Messages, overloaded every time on Anthropic: finished on Bedrock.
+    BEDROCK_SCENE: ("in_band_error", "continue_text"),
 }
 RESPONSES_SPEC = "chaos:text=32,seed=6,fault=reset,at=12,times=1"
 MESSAGES_SPEC = "chaos:text=32,reasoning=8,tools=1,seed=8,fault=error,at=20,times=1"
@@ -73,12 +76,12 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
     assert set(reports) == set(EXPECTED) == {s.spec for s in SCENARIOS}
     for spec, (cause, plan) in EXPECTED.items():
         report = reports[spec]
-        upstream = "chaos-anthropic" if spec == MESSAGES_SPEC else "chaos"
+        upstream = "chaos-anthropic" if spec in (MESSAGES_SPEC, BEDROCK_SCENE) else "chaos"
         assert f"broke     {cause}: upstream '{upstream}'" in report, report
         if plan is None:
             assert "handled   not retried" in report, report
             assert "an explicit error, no [DONE], the text so far intact: yes" in report, report
-        elif spec not in (RESPONSES_SPEC, MESSAGES_SPEC):  # their own checks, below
+        elif spec not in (RESPONSES_SPEC, MESSAGES_SPEC, BEDROCK_SCENE):  # checked below
             assert f"rescued   {plan}: " in report, report
             assert "check     identical to an unbroken answer: yes" in report, report
     tool_report = reports[f"{TOOLS_SPEC},fault=reset,at=11,times=1"]
@@ -109,7 +112,15 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
     assert re.search(r"^ +seam +…\S", messages, flags=re.MULTILINE), messages
     check = "identical to an unbroken answer, every block whole, one message_stop: yes"
     assert f"check {check}" in flat, messages
-    assert "7 streams broke, 7 rescued" in result.stdout
+
+    # Anthropic overloaded mid-answer, finished on Bedrock: the same checks, two doors.
+    bedrock = reports[BEDROCK_SCENE]
+    flat = " ".join(bedrock.split())
+    assert "rescued continue_text: " in flat, bedrock
+    legs = "legs Anthropic (x-api-key, SSE) then Amazon Bedrock (SigV4, AWS event stream)"
+    assert legs in flat, bedrock
+    assert f"check {check}" in flat, bedrock
+    assert "8 streams broke, 8 rescued" in result.stdout
     assert "OPENAI_BASE_URL=http://127.0.0.1:8080/v1" in result.stdout
 
 
@@ -266,12 +277,22 @@ def test_the_messages_scene_is_skipped_without_the_anthropic_package(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)  # import anthropic raises ImportError
-    (scene,) = [s for s in SCENARIOS if s.api == MESSAGES]
+    (scene,) = [s for s in SCENARIOS if s.api == MESSAGES and not s.needs]
     out = io.StringIO()
     assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
     report = out.getvalue()
     assert "skipped   the anthropic package is not installed" in report
     assert "streams broke" not in report and "1 skipped: the anthropic package" in report
+
+
+def test_the_bedrock_scene_is_skipped_without_botocore(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "botocore", None)  # import botocore raises ImportError
+    (scene,) = [s for s in SCENARIOS if s.needs == "botocore"]
+    out = io.StringIO()
+    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    report = out.getvalue()
+    assert "skipped   botocore is not installed" in report
+    assert "streams broke" not in report
 
 
 def test_a_stream_that_cannot_be_rescued_fails_the_demo() -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.app import create_app
+from gateway.chaos.clouds import BEDROCK_CREDENTIALS
 from gateway.config import GatewayConfig, parse_config
 from gateway.metrics import Metrics
 from gateway.serve import in_thread
@@ -26,6 +27,7 @@ class Scenario:
     # Chat completions (httpx), the Responses API (the openai SDK), or the Anthropic
     # Messages API (the anthropic SDK).
     api: str = CHAT
+    needs: str = ""  # a package its gateway needs besides the SDK: botocore (Bedrock)
 
 
 SCENARIOS = (
@@ -70,17 +72,54 @@ SCENARIOS = (
         "chaos:text=32,reasoning=8,tools=1,seed=8,fault=error,at=20,times=1",
         api=MESSAGES,
     ),
+    Scenario(
+        "Anthropic answers overloaded_error after 14 of 32 text deltas, every time; the "
+        "answer is finished on Amazon Bedrock, the same model behind SigV4 and AWS event "
+        "stream framing",
+        "chaos:text=32,reasoning=8,tools=1,seed=9,fault=error,at=22",
+        api=MESSAGES,
+        needs="botocore",
+    ),
 )
+# The Bedrock scene's route: Anthropic first with no retry, then the same answer on
+# Bedrock (its own model id there: the same spec without the fault).
+BEDROCK_SCENE = SCENARIOS[-1].spec
+BEDROCK_MODEL = BEDROCK_SCENE.removesuffix(",fault=error,at=22")
 
 
 # -- the servers ---------------------------------------------------------------------
 
 
-def demo_config(upstream_url: str) -> GatewayConfig:
-    """The chaos upstream twice (its OpenAI APIs, and its Messages API as an ``anthropic``
-    upstream), short timeouts and a short retry backoff, quiet logs, memory state."""
+def demo_config(upstream_url: str, bedrock: bool = True) -> GatewayConfig:
+    """The chaos upstream three times (its OpenAI APIs, its Messages API as an
+    ``anthropic`` upstream, and as a ``bedrock`` one, with the keys its Bedrock door
+    takes), short timeouts and a short retry backoff, quiet logs, memory state.
+    ``bedrock``: botocore is installed (the ``bedrock`` extra)."""
     retry = {"retries": 2, "backoff_initial": 0.05, "backoff_max": 0.2, "idle_retry_delay": 0}
     timeouts = {"connect": 2, "first_byte": 5, "idle": IDLE_TIMEOUT}
+    [(key_id, secret)] = BEDROCK_CREDENTIALS.items()
+    clouds: list[dict[str, object]] = []
+    routes: list[dict[str, object]] = []
+    if bedrock:
+        clouds.append(
+            {
+                "name": "chaos-bedrock",
+                "kind": "bedrock",
+                "region": "us-east-1",
+                "base_url": upstream_url.removesuffix("/v1"),
+                "aws_access_key_id": key_id,
+                "aws_secret_access_key": secret,
+                "timeouts": timeouts,
+            }
+        )
+        routes.append(
+            {
+                "match": BEDROCK_SCENE + "*",
+                "upstream": "chaos-anthropic",
+                "retry": retry | {"retries": 0},
+                "fallbacks": [{"upstream": "chaos-bedrock", "model": BEDROCK_MODEL}],
+            }
+        )
     data = {
         "upstreams": [
             {"name": "chaos", "base_url": upstream_url, "timeouts": timeouts},
@@ -91,10 +130,12 @@ def demo_config(upstream_url: str) -> GatewayConfig:
                 "base_url": upstream_url.removesuffix("/v1"),
                 "timeouts": timeouts,
             },
+            *clouds,
         ],
         # A request takes the first route that serves its API: /v1/messages the first,
         # the rest (and requests without a model) the second.
         "routes": [
+            *routes,
             {"match": "*", "upstream": "chaos-anthropic", "retry": retry},
             {"match": "*", "upstream": "chaos", "retry": retry},
         ],

@@ -88,7 +88,9 @@ def staged() -> Iterator[Stage]:
     try:
         with (
             running_chaos_upstream() as upstream,
-            running_gateway(demo_config(upstream.base_url), metrics) as gateway_url,
+            running_gateway(
+                demo_config(upstream.base_url, bedrock=has_botocore()), metrics
+            ) as gateway_url,
             httpx.Client(timeout=httpx.Timeout(30.0)) as client,
         ):
             yield Stage(upstream, gateway_url, metrics, client)
@@ -120,6 +122,20 @@ def has_anthropic() -> bool:
     return True
 
 
+def has_botocore() -> bool:
+    try:
+        import botocore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# How the report names the door each request of a scene went through.
+DOORS = {
+    "anthropic": "Anthropic (x-api-key, SSE)",
+    "bedrock": "Amazon Bedrock (SigV4, AWS event stream)",
+}
+
 # The SDK scenes: the package each needs, and how the report names its client.
 SDKS = {
     RESPONSES: ("openai", has_openai, "openai SDK: client.responses.stream(model=..., input=...)"),
@@ -148,6 +164,10 @@ def run_scenario(
             report.field("skipped", why)
             return Outcome(broke=False, passed=True, skipped=True, missing=package)
         report.field("client", client)
+    if scenario.needs == "botocore" and not has_botocore():
+        why = "botocore is not installed (pip install 'resumable-gateway[bedrock]')"
+        report.field("skipped", why)
+        return Outcome(broke=False, passed=True, skipped=True, missing="botocore")
     started = time.perf_counter()
     report.start_live("text" if scenario.api in SDKS else "client")
     try:
@@ -175,6 +195,12 @@ def run_scenario(
     if rescue.trimmed:
         trimmed = f"{rescue.trimmed} characters the continuation quoted back, cut before the client"
         report.field("trimmed", trimmed)
+    cloud_problems = []
+    if scenario.needs == "botocore":  # finished on another provider of the same model
+        doors = [r.dialect or "anthropic" for r in stage.upstream.requests[-rescue.requests :]]
+        report.field("legs", " then ".join(DOORS.get(door, door) for door in doors))
+        if doors[-1:] != ["bedrock"]:
+            cloud_problems.append("the answer was not finished on Amazon Bedrock")
     if responses:
         problems = responses_differences(expected, received)
         report.verdict(
@@ -182,7 +208,7 @@ def run_scenario(
             problems,
         )
     elif messages:
-        problems = messages_differences(expected, received)
+        problems = messages_differences(expected, received) + cloud_problems
         report.verdict(
             "identical to an unbroken answer, every block whole, one message_stop", problems
         )

@@ -45,6 +45,9 @@ def _secrets_of(upstreams: Iterable[Upstream]) -> tuple[bytes, ...]:
         if upstream.api_key is not None:
             values.add(upstream.api_key.get_secret_value())
         values.update(v.get_secret_value() for v in upstream.headers.values())
+        for aws in (upstream.aws_secret_access_key, upstream.aws_session_token):
+            if aws is not None:
+                values.add(aws.get_secret_value())
     # Very short values would redact ordinary text; no real credential is that short.
     return tuple(sorted((v.encode() for v in values if len(v) >= 8), key=len, reverse=True))
 

@@ -14,10 +14,10 @@ The same models are served by several providers, each with its own door:
   ``model`` and ``stream``, with ``anthropic_version: bedrock-2023-05-31`` and the
   client's ``anthropic-beta`` as ``anthropic_beta``; signed with SigV4, credentials
   from the AWS chain (environment, shared config and profile, container or instance
-  role) by botocore. The answer is AWS event stream framing
-  (``application/vnd.amazon.eventstream``), decoded by botocore: each ``chunk``
-  carries one Messages event, base64 in its ``bytes``; an exception frame
-  (throttling, a model stream error, service unavailable) becomes the Anthropic
+  role) by botocore, or the upstream's ``aws_profile`` or keys. The answer is AWS
+  event stream framing (``application/vnd.amazon.eventstream``), decoded by botocore:
+  each ``chunk`` carries one Messages event, base64 in its ``bytes``; an exception
+  frame (throttling, a model stream error, service unavailable) becomes the Anthropic
   ``error`` event it means, so recovery reads it as it reads Anthropic's.
 - ``vertex`` (Claude on Google Vertex AI, Messages): ``streamRawPredict`` at
   ``/projects/{project}/locations/{region}/publishers/anthropic/models/{model}``;
@@ -159,8 +159,17 @@ class Bedrock(_Claude):
                 f"upstreams.{upstream.name}: kind bedrock needs botocore: "
                 "pip install 'resumable-gateway[bedrock]'"
             ) from None
-        self._session = botocore.session.Session()
+        self._session = botocore.session.Session(profile=upstream.aws_profile)
         self._credentials: Any = None
+        if upstream.aws_access_key_id is not None and upstream.aws_secret_access_key is not None:
+            from botocore.credentials import Credentials
+
+            token = upstream.aws_session_token
+            self._credentials = Credentials(
+                upstream.aws_access_key_id.get_secret_value(),
+                upstream.aws_secret_access_key.get_secret_value(),
+                token.get_secret_value() if token is not None else None,
+            )
         self._lock = asyncio.Lock()
 
     def target(self, path: str, model: str) -> str:
