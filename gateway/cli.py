@@ -18,6 +18,7 @@ from gateway.describe import describe
 from gateway.logs import config as logging_config
 from gateway.tracing import check_protocol
 from gateway.upstream.headers import OWN_CREDENTIALS
+from gateway.upstream.providers import check_providers
 from gateway.upstream.reach import check_reach
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load(args.config)  # fail fast, in the parent, with a clear message
     check_reach(config.upstreams)  # proxies, certificate files
+    check_providers(config.upstreams)  # botocore, google-auth where a cloud needs them
     check_protocol(os.environ)  # OTLP over HTTP, if tracing is on
     host = args.host or config.listen.host
     if warning := open_proxy_warning(config, host):
@@ -137,6 +139,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = _load(args.file)
     print(describe(config))
     check_reach(config.upstreams)  # the certificate files are read, as serve reads them
+    check_providers(config.upstreams)
     check_protocol(os.environ)
     print("config OK")
     return 0

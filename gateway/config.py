@@ -239,6 +239,8 @@ class Upstream(_Model):
             defaults = {"protocols": ["messages"], "continuation": "prefill"}
             data = defaults | data
         region = data.get("region")
+        if kind in ("bedrock", "vertex") and not region:
+            raise ValueError(f"kind {kind} needs a region")
         if "base_url" not in data and isinstance(region, str) and region:
             if kind == "bedrock":
                 data = data | {"base_url": f"https://bedrock-runtime.{region}.amazonaws.com"}
@@ -250,8 +252,6 @@ class Upstream(_Model):
 
     @model_validator(mode="after")
     def _kind_needs(self) -> Upstream:
-        if self.kind in ("bedrock", "vertex") and not self.region:
-            raise ValueError(f"kind {self.kind} needs a region")
         if self.kind == "vertex" and not self.project:
             raise ValueError("kind vertex needs a project")
         keys = (self.aws_access_key_id is None, self.aws_secret_access_key is None)

@@ -54,7 +54,13 @@ TRUE = ("true", "1", "yes", "on")
 _W3C = TraceContextTextMapPropagator()  # W3C trace context: what every tracer speaks
 
 # gen_ai.provider.name by upstream kind (the GenAI conventions' well-known values).
-PROVIDERS = {"openai": "openai", "anthropic": "anthropic"}
+PROVIDERS = {
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "bedrock": "aws.bedrock",
+    "vertex": "gcp.vertex_ai",
+    "azure": "azure.ai.openai",
+}
 
 
 def tracing_enabled(config: TracingConfig, env: Mapping[str, str]) -> bool:

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gateway.config import (
     ConfigError,
@@ -195,3 +197,46 @@ def test_an_anthropic_upstreams_defaults_give_way_to_what_is_configured() -> Non
     )
     assert config.upstreams[0].continuation == "prompt"
     assert config.upstreams[0].protocols == ["messages", "chat"]
+
+
+def test_the_providers_page_config_is_valid() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "providers.md").read_text()
+    block = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    env = {"ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "o", "AZURE_OPENAI_API_KEY": "z"}
+    config = parse_config(interpolate_env(yaml.safe_load(block), env))
+    kinds = {u.name: u.kind for u in config.upstreams}
+    assert kinds == {
+        "anthropic": "anthropic",
+        "bedrock": "bedrock",
+        "vertex": "vertex",
+        "openai": "openai",
+        "azure": "azure",
+    }
+    bedrock = config.upstream("bedrock")
+    assert bedrock.base_url == "https://bedrock-runtime.us-east-1.amazonaws.com"
+    assert bedrock.protocols == ["messages"] and bedrock.continuation == "prefill"
+    assert config.upstream("vertex").base_url == "https://us-east5-aiplatform.googleapis.com/v1"
+
+
+@pytest.mark.parametrize(
+    ("upstream", "problem"),
+    [
+        ({"kind": "bedrock"}, "kind bedrock needs a region"),
+        ({"kind": "vertex", "region": "us-east5"}, "kind vertex needs a project"),
+        ({"kind": "bedrock", "region": "r", "api_key": "k"}, "takes no api_key"),
+        ({"kind": "azure", "base_url": "https://x.openai.azure.com"}, "api_version"),
+        ({"kind": "bedrock", "region": "r", "protocols": ["chat"]}, "messages] only"),
+        ({"kind": "bedrock", "region": "r", "aws_access_key_id": "A"}, "go together"),
+        ({"kind": "openai", "base_url": "https://x", "aws_profile": "p"}, "for kind bedrock"),
+    ],
+)
+def test_cloud_kinds_say_what_they_need(upstream: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        parse_config({"upstreams": [{"name": "u"} | upstream]})
+
+
+def test_a_global_vertex_region_has_the_global_endpoint() -> None:
+    config = parse_config(
+        {"upstreams": [{"name": "v", "kind": "vertex", "region": "global", "project": "p"}]}
+    )
+    assert config.upstreams[0].base_url == "https://aiplatform.googleapis.com/v1"

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.api.fields import without_gateway_fields
 from gateway.context import Gateway, gateway_of
-from gateway.errors import GatewayError, UpstreamFailure, sse_error_event
+from gateway.errors import GatewayError, NotFound, UpstreamFailure, sse_error_event
 from gateway.inbound import client_protocol
 from gateway.upstream.headers import end_to_end_headers, forwarded_request_headers
 from gateway.upstream.routes import ResolvedLeg
@@ -58,6 +58,13 @@ async def relay(
     client_authorization: str | None,
     target: str | None = None,
 ) -> Response:
+    upstream = leg.upstream
+    if upstream.kind in ("bedrock", "vertex"):  # a cloud's one door: streamed Messages
+        raise NotFound(
+            f"Upstream {upstream.name!r} (kind {upstream.kind}) serves POST /v1/messages "
+            f"only; {request.method} {request.url.path} goes to an anthropic or openai "
+            "upstream (docs/providers.md)."
+        )
     forwarded = forwarded_request_headers(
         request.headers.items(), credentials=gateway.auth.passes_credentials
     )

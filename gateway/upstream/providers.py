@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -318,3 +318,9 @@ PROVIDERS: dict[str, type[Provider]] = {
 
 def provider_for(upstream: Upstream) -> Provider:
     return PROVIDERS[upstream.kind](upstream)
+
+
+def check_providers(upstreams: Iterable[Upstream]) -> None:
+    """Raise ``ConfigError`` for an upstream whose kind's library is not installed."""
+    for upstream in upstreams:
+        provider_for(upstream)

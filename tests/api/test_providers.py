@@ -398,3 +398,21 @@ def test_vertex_credentials_that_cannot_be_used_are_a_clear_502(
         with pytest.raises(anthropic.InternalServerError, match="Google access token") as raised:
             sdk.messages.create(model="chaos:text=3", max_tokens=10, messages=ASK)
     assert "PRIVATE KEY" not in str(raised.value)
+
+
+def test_pass_through_paths_are_not_sent_to_a_clouds_messages_door(
+    gateways: dict[str, RunningGateway], chaos: ChaosUpstream
+) -> None:
+    seen = len(chaos.requests)
+    with httpx.Client(base_url=gateways["bedrock"].url, timeout=10) as http:
+        counted = http.post(
+            "/v1/messages/count_tokens",
+            json={"model": "chaos:text=3", "messages": ASK},
+            headers={"x-api-key": "client-key", "anthropic-version": "2023-06-01"},
+        )
+    assert counted.status_code == 404
+    error = counted.json()["error"]
+    assert (
+        "kind bedrock" in error["message"] and "POST /v1/messages/count_tokens" in error["message"]
+    )
+    assert len(chaos.requests) == seen  # nothing went upstream
