@@ -197,13 +197,15 @@ def test_a_claude_cloud_leg_keeps_the_messages_contract_and_thinking(
 
 
 @pytest.mark.parametrize("kind", ["azure", "azure-deployments"])
-@pytest.mark.parametrize("fault", ["reset", "stall", "error", "close"])
+@pytest.mark.parametrize("fault", ["reset", "stall", "error", "close", "no_finish"])
+@pytest.mark.parametrize("at", [3, 14])
 def test_an_azure_leg_recovers_chat_and_responses(
-    gateways: dict[str, RunningGateway], chaos: ChaosUpstream, kind: str, fault: str
+    gateways: dict[str, RunningGateway], chaos: ChaosUpstream, kind: str, fault: str, at: int
 ) -> None:
-    seed = 450 + ["reset", "stall", "error", "close"].index(fault) * 2 + (kind == "azure")
-    chat_model = f"chaos:text=30,seed={seed},fault={fault},at=10,times=1"
-    responses_model = f"chaos:text=30,seed={seed + 100},fault={fault},at=10,times=1"
+    faults = ["reset", "stall", "error", "close", "no_finish"]
+    seed = 600 + faults.index(fault) * 8 + (at == 14) * 4 + (kind == "azure") * 2
+    chat_model = f"chaos:text=30,seed={seed},fault={fault},at={at},times=1"
+    responses_model = f"chaos:text=30,seed={seed + 1},fault={fault},at={at},times=1"
     with gpt(gateways[kind]) as sdk:
         chunks = sdk.chat.completions.create(
             model=chat_model, messages=[{"role": "user", "content": "x"}], stream=True
