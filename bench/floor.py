@@ -224,17 +224,8 @@ def measure(streams: int, rounds: int) -> dict[str, dict[str, Any]]:
             redis=[],
             everything=[os.getpid(), bench.pid, *(p for t in targets for p in t.proxy)],
         )
-        table = uvloop.run(_measure(targets, streams, rounds, roles))
+        table = workloads.measure_concurrency(targets, [streams], rounds, roles)
     return {name: rows[str(streams)] for name, rows in table.items()}
-
-
-async def _measure(
-    targets: list[Target], streams: int, rounds: int, roles: Roles
-) -> dict[str, dict[str, dict[str, Any]]]:
-    table = await workloads.concurrency(targets, [streams], rounds, 1, roles)
-    for connection in [c for t in targets for c in t.pool]:
-        await connection.close()
-    return table
 
 
 def markdown(rows: dict[str, dict[str, Any]], streams: int, rounds: int) -> str:

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import workloads
@@ -120,17 +119,8 @@ def measure(levels: list[int], rounds: int) -> tuple[dict[str, Any], dict[str, f
             everything=[os.getpid(), upstream.pid, *(p for t in targets for p in t.proxy)],
             redis_port=ports["primary"],
         )
-        table = uvloop.run(_measure(targets, levels, rounds, roles))
+        table = workloads.measure_concurrency(targets, levels, rounds, roles)
         return table, writes(ports["replicated"])
-
-
-async def _measure(
-    targets: list[Target], levels: list[int], rounds: int, roles: Roles
-) -> dict[str, Any]:
-    table = await workloads.concurrency(targets, levels, rounds, 1, roles)
-    for connection in [c for t in targets for c in t.pool]:
-        await connection.close()
-    return table
 
 
 def markdown(

@@ -37,7 +37,6 @@ from typing import Any
 
 import httpx
 import orjson
-import uvloop
 
 from bench import workloads
 from bench.procs import free_ports, http_ok, pinned, spawned, tree, wait_ready
@@ -148,7 +147,7 @@ def measure(levels: list[int], rounds: int) -> tuple[dict[str, Any], dict[str, i
                 *(p for t in targets for p in t.proxy),
             ],
         )
-        table = uvloop.run(_measure(targets, levels, rounds, roles))
+        table = workloads.measure_concurrency(targets, levels, rounds, roles)
         for proc in proxies.values():  # SIGTERM: each exports what it still holds
             proc.terminate()
             proc.wait(30)
@@ -156,15 +155,6 @@ def measure(levels: list[int], rounds: int) -> tuple[dict[str, Any], dict[str, i
             httpx.get(f"http://127.0.0.1:{ports['sink']}/spans", timeout=5).content
         )
         return table, spans
-
-
-async def _measure(
-    targets: list[Target], levels: list[int], rounds: int, roles: Roles
-) -> dict[str, Any]:
-    table = await workloads.concurrency(targets, levels, rounds, 1, roles)
-    for connection in [c for t in targets for c in t.pool]:
-        await connection.close()
-    return table
 
 
 def markdown(table: dict[str, Any], levels: list[int], rounds: int, spans: dict[str, int]) -> str:

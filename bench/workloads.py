@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import uvloop
 
 from bench.client import Connection, Result
 from bench.procs import cpu_seconds, machine_busy, memory_kb
@@ -349,6 +350,21 @@ async def concurrency(
         for name, row in summaries(sweeps, n, rounds).items():
             table[name][str(n)] = row
     return table
+
+
+def measure_concurrency(
+    targets: Sequence[Target], levels: Sequence[int], rounds: int, roles: Roles
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """``concurrency`` with one warm-up round, on uvloop, its connections closed after:
+    what the side-by-side benchmarks (floor, replication, tracing) run."""
+
+    async def measured() -> dict[str, dict[str, dict[str, Any]]]:
+        table = await concurrency(targets, levels, rounds, 1, roles)
+        for connection in [c for t in targets for c in t.pool]:
+            await connection.close()
+        return table
+
+    return uvloop.run(measured())
 
 
 async def protocols(

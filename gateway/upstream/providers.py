@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -63,6 +64,17 @@ BEDROCK_ERRORS = {
     "modelTimeoutException": "api_error",
     "validationException": "invalid_request_error",
 }
+
+
+def _require(upstream: Upstream, module: str, extra: str) -> None:
+    """Stop at start-up, saying what to install, where a kind's library is missing."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"upstreams.{upstream.name}: kind {upstream.kind} needs {module}: "
+            f"pip install 'resumable-gateway[{extra}]'"
+        ) from None
 
 
 class Decoder(Protocol):
@@ -152,13 +164,9 @@ class Bedrock(_Claude):
 
     def __init__(self, upstream: Upstream) -> None:
         super().__init__(upstream)
-        try:
-            import botocore.session
-        except ImportError:  # pragma: no cover - the extra is in the dev install
-            raise ConfigError(
-                f"upstreams.{upstream.name}: kind bedrock needs botocore: "
-                "pip install 'resumable-gateway[bedrock]'"
-            ) from None
+        _require(upstream, "botocore", "bedrock")
+        import botocore.session
+
         self._session = botocore.session.Session(profile=upstream.aws_profile)
         self._credentials: Any = None
         if upstream.aws_access_key_id is not None and upstream.aws_secret_access_key is not None:
@@ -218,13 +226,7 @@ class Vertex(_Claude):
 
     def __init__(self, upstream: Upstream) -> None:
         super().__init__(upstream)
-        try:
-            import google.auth  # noqa: F401
-        except ImportError:  # pragma: no cover - the extra is in the dev install
-            raise ConfigError(
-                f"upstreams.{upstream.name}: kind vertex needs google-auth: "
-                "pip install 'resumable-gateway[vertex]'"
-            ) from None
+        _require(upstream, "google.auth", "vertex")
         self._credentials: Any = None
         self._lock = asyncio.Lock()
 

@@ -28,22 +28,20 @@ from openai import OpenAI
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.chaos.clouds import AZURE_KEY, BEDROCK_CREDENTIALS
 from gateway.config import GatewayConfig, parse_config
-from tests.api.test_messages import ASK, blocks, check_contract, final, parse, text
+from tests.api.test_messages import (
+    ASK,
+    FAST_RETRY,
+    FAULTS,
+    blocks,
+    check_contract,
+    final,
+    parse,
+    text,
+)
 from tests.servers import RunningGateway, running_gateway
 
 [(KEY_ID, SECRET)] = BEDROCK_CREDENTIALS.items()
-FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 TIMEOUTS = {"connect": 2, "first_byte": 3, "idle": 0.5}
-FAULTS = [
-    "reset",
-    "close",
-    "stall",
-    "error",
-    "error_done",
-    "no_finish",
-    "finish_error",
-    "malformed",
-]
 
 
 def upstreams(chaos: ChaosUpstream) -> list[dict[str, Any]]:
