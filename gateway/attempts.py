@@ -36,6 +36,14 @@ from gateway.upstream.client import UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 
 
+def attempt_result(exc: UpstreamFailure | UpstreamHTTPError) -> str:
+    """How a failed open is counted: ``http_<status>``, ``first_byte_timeout`` or
+    ``connect_error`` (``gateway_upstream_attempts_total{result}``)."""
+    if isinstance(exc, UpstreamHTTPError):
+        return f"http_{exc.status_code}"
+    return "first_byte_timeout" if isinstance(exc, UpstreamTimeout) else "connect_error"
+
+
 class Attempts:
     def __init__(self, route: ResolvedRoute, circuits: CircuitBreakers, metrics: Metrics) -> None:
         self.route = route
@@ -70,8 +78,8 @@ class Attempts:
         ``first``: the attempt carried the client's own request (not a continuation);
         its refusal is the client's answer and is raised as it is.
         """
+        self.count(attempt_result(exc))
         if isinstance(exc, UpstreamHTTPError):
-            self.count(f"http_{exc.status_code}")
             if exc.status_code in RETRYABLE_STATUSES:
                 await self.backoff(exc, retry_after=retry_after_seconds(exc.headers))
             elif first and not is_context_length_error(exc.content):
@@ -82,10 +90,8 @@ class Attempts:
                 self.next_leg(exc)
         elif isinstance(exc, UpstreamTimeout):
             # Retrying a silent upstream only multiplies the wait: next leg at once.
-            self.count("first_byte_timeout")
             self.next_leg(exc)
         else:
-            self.count("connect_error")
             await self.backoff(exc)
 
     async def after_interruption(self, failure: UpstreamFailure, cause: Cause) -> None:
@@ -126,6 +132,8 @@ class Attempts:
         """Count an attempt's ``result`` (``ok``, ``http_<status>``, ``connect_error``…),
         and tell its upstream's circuit breaker what it says about the upstream's health."""
         self.made += 1
+        if result == "ok":
+            self.last_delay = 0.0  # a later continuation without a backoff waits nothing
         leg = self.leg
         self._metrics.attempts.labels(leg.upstream.name, str(self.index), result).inc()
         circuit = self._circuits[leg.upstream.name]

@@ -16,7 +16,7 @@ from gateway.app import CONFIG_ENV
 from gateway.config import ConfigError, GatewayConfig, default_config, load_config
 from gateway.describe import describe
 from gateway.logs import config as logging_config
-from gateway.tracing import check_protocol
+from gateway.otel_env import check_protocol, tracing_enabled
 from gateway.upstream.headers import OWN_CREDENTIALS
 from gateway.upstream.providers import check_providers
 from gateway.upstream.reach import check_reach
@@ -102,7 +102,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args.config)  # fail fast, in the parent, with a clear message
     check_reach(config.upstreams)  # proxies, certificate files
     check_providers(config.upstreams)  # botocore, google-auth where a cloud needs them
-    check_protocol(os.environ)  # OTLP over HTTP, if tracing is on
+    if tracing_enabled(config.tracing, os.environ):
+        check_protocol(os.environ)  # OTLP over HTTP
     host = args.host or config.listen.host
     if warning := open_proxy_warning(config, host):
         # Once, from the parent (not once per worker), formatted as every other line:
@@ -140,7 +141,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(describe(config))
     check_reach(config.upstreams)  # the certificate files are read, as serve reads them
     check_providers(config.upstreams)
-    check_protocol(os.environ)
+    if tracing_enabled(config.tracing, os.environ):
+        check_protocol(os.environ)
     print("config OK")
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -14,12 +14,15 @@ from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.config import GatewayConfig, State
 from gateway.inbound import ClientAuth, read_body, read_json_object
 from gateway.metrics import Metrics
+from gateway.otel_env import tracing_enabled
 from gateway.registry import Runs
 from gateway.resume import Resumes
-from gateway.tracing import Tracing, tracing_enabled
 from gateway.upstream.breaker import CircuitState
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import Router
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
 
 logger = logging.getLogger("gateway.circuit")
 
@@ -55,6 +58,8 @@ class Gateway:
     async def start(self) -> None:
         self.runs.start()
         if tracing_enabled(self.config.tracing, os.environ):
+            from gateway.tracing import Tracing  # the SDK, imported only when it is on
+
             self.tracing = self.resumes.tracing = Tracing(self.config.tracing, os.environ)
 
     def _circuit_changed(self, upstream: str, state: CircuitState) -> None:

@@ -50,8 +50,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def trace_context(request: Request) -> dict[str, str]:
-    """The client's W3C trace context (``traceparent``, ``tracestate``), if it sent one."""
+    """The client's W3C trace context (``traceparent``, and its ``tracestate``), if it
+    sent one; a ``tracestate`` without a ``traceparent`` means nothing (W3C)."""
     headers = request.headers
+    if "traceparent" not in headers:
+        return {}
     return {name: headers[name] for name in ("traceparent", "tracestate") if name in headers}
 
 

@@ -126,7 +126,7 @@ class Runs:
         if self.store is not None or local.status == "detached":
             # The store serves late resumers (a replay, or a takeover if detached);
             # keeping the log here too would hold every answer twice for completed_ttl.
-            self.local.pop(local.id, None)
+            self._forget(local)
             return
         # No store: a client that dropped just before the end can still fetch it here.
         loop = asyncio.get_running_loop()

@@ -36,7 +36,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.checkpoint.model import Checkpoint, owner_hash
 from gateway.checkpoint.store import CheckpointStore
@@ -46,9 +46,11 @@ from gateway.protocols import Adapter, adapter_named
 from gateway.recovery.classify import Cause
 from gateway.registry import Runs
 from gateway.run import Run
-from gateway.tracing import Tracing
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import ResolvedRoute, Router
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
 
 logger = logging.getLogger("gateway.resume")
 
@@ -253,17 +255,6 @@ class Resumes:
             query=record.query,
             fallbacks=record.fallbacks,
         )
-        if self.tracing is not None:
-            run.trace = self.tracing.run(
-                protocol=adapter.name,
-                model=record.body.get("model"),
-                route=route.name,
-                run_id=run_id,
-                stream=run.stream,
-                provider=route.legs[0].upstream.kind,
-                headers=forwarding.trace_context,
-                continues=record.trace or "",
-            )
         accumulator = adapter.replay(checkpoint.events)
         for leg, usage in state.usage_by_leg.items():
             accumulator.set_usage(int(leg), usage)
@@ -285,6 +276,17 @@ class Resumes:
                 "client_has": after,
             },
         )
+        if self.tracing is not None:  # once the run is rebuilt: its span always ends
+            run.trace = self.tracing.run(
+                protocol=adapter.name,
+                model=record.body.get("model"),
+                route=route.name,
+                run_id=run_id,
+                stream=run.stream,
+                provider=route.legs[0].upstream.kind,
+                headers=forwarding.trace_context,
+                continues=record.trace or "",
+            )
         local = self._runs.adopt(
             run,
             credential,

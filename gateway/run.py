@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from gateway.attempts import Attempts
+from gateway.attempts import Attempts, attempt_result
 from gateway.errors import GatewayError, UpstreamFailure
 from gateway.metrics import Metrics
 from gateway.protocols.base import Adapter
@@ -263,7 +263,7 @@ class Run:
                 )
             except UpstreamHTTPError as exc:
                 if trace is not None:
-                    trace.attempt_failed(f"http_{exc.status_code}", exc.status_code, str(exc))
+                    trace.attempt_failed(attempt_result(exc), exc.status_code, str(exc))
                 if self._refused_prefill(leg, exc):
                     # Not the leg's failure: the same leg again at once, in prompt mode.
                     attempts.count("prefill_refused")
@@ -271,7 +271,7 @@ class Run:
                 await attempts.failed_open(exc, first=self._plan is None)
             except UpstreamFailure as exc:
                 if trace is not None:
-                    trace.attempt_failed(exc.code, None, exc.message)
+                    trace.attempt_failed(attempt_result(exc), None, exc.message)
                 await attempts.failed_open(exc, first=self._plan is None)
             else:
                 attempts.count("ok")
@@ -384,12 +384,17 @@ class Run:
         if trace is None or trace.ended:
             return
         accumulator = self.accumulator
-        trace.content(self._body, accumulator.text)
+        try:
+            trace.content(self._body, accumulator.text)
+            usage = accumulator.usage
+        except Exception:  # noqa: BLE001 - a span is never worth the run's close
+            logger.exception("tracing: the run's answer could not be read")
+            usage = None
         trace.end(
             outcome=outcome or self.outcome,
             identity=accumulator.identity,
             finish_reason=accumulator.finish_reason,
-            usage=accumulator.usage,
+            usage=usage,
             attempts=self.attempts.made,
             recoveries=self.recoveries,
             legs=self.splicer.leg + 1,

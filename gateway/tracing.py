@@ -19,16 +19,19 @@ Never recorded unless the operator opts in (``tracing.capture_content``, or
 answer. Never recorded at all: credentials, headers, upstream URLs beyond their
 host and port.
 
-When off, nothing here runs: a run's ``trace`` is None and every hook is one
-``is None`` test per attempt, none per delta; no provider, no exporter thread.
+When off, nothing here runs, nor is even imported (the switches are in
+``gateway.otel_env``): a run's ``trace`` is None and every hook is one ``is None``
+test per attempt, none per delta; no provider, no exporter thread. A tracing hook
+that fails is logged and the run goes on: a span is never worth an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit
 
 import orjson
@@ -41,16 +44,17 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.config import ConfigError
 from gateway.config import Tracing as TracingConfig
+from gateway.otel_env import TRUE, check_protocol
 
 if TYPE_CHECKING:
     from gateway.upstream.routes import ResolvedLeg
 
 logger = logging.getLogger("gateway.tracing")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 SERVICE_NAME = "resumable-gateway"
-TRUE = ("true", "1", "yes", "on")
 _W3C = TraceContextTextMapPropagator()  # W3C trace context: what every tracer speaks
 
 # gen_ai.provider.name by upstream kind (the GenAI conventions' well-known values).
@@ -63,32 +67,22 @@ PROVIDERS = {
 }
 
 
-def tracing_enabled(config: TracingConfig, env: Mapping[str, str]) -> bool:
-    """Whether this process traces: the config says so, or the environment names an
-    OTLP endpoint (and neither the config nor ``OTEL_SDK_DISABLED`` says no)."""
-    if env.get("OTEL_SDK_DISABLED", "").lower() in TRUE or config.enabled is False:
-        return False
-    if config.enabled:
-        return True
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
-    return bool(endpoint) and env.get("OTEL_TRACES_EXPORTER", "otlp").lower() != "none"
+def _safe(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A hook that logs its failure and returns ``default``: a span is never worth an
+    answer (the hooks run inside the relay)."""
 
+    def wrap(hook: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(hook)
+        def safe(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return hook(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - logged; the run goes on
+                logger.exception("tracing hook failed", extra={"hook": hook.__name__})
+                return cast(R, default)
 
-def check_protocol(env: Mapping[str, str]) -> None:
-    """OTLP over HTTP with protobuf is what the gateway exports; say so at start-up
-    instead of sending protobuf to a gRPC port."""
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        protocol = env.get(name)
-        if protocol:
-            if protocol != "http/protobuf":
-                raise ConfigError(
-                    f"{name}={protocol}: the gateway exports traces over OTLP/HTTP with "
-                    "protobuf only; set it to http/protobuf and point the endpoint at the "
-                    "collector's HTTP port (4318)"
-                )
-            return
+        return safe
+
+    return wrap
 
 
 class Tracing:
@@ -96,13 +90,18 @@ class Tracing:
 
     def __init__(self, config: TracingConfig, env: Mapping[str, str]) -> None:
         check_protocol(env)
-        service = config.service_name or env.get("OTEL_SERVICE_NAME") or SERVICE_NAME
+        # The config's name, else OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES (the SDK
+        # reads them), else ours rather than the SDK's "unknown_service".
+        configured = {"service.name": config.service_name} if config.service_name else {}
+        resource = Resource.create(configured)
+        service = str(resource.attributes.get("service.name", ""))
+        if not service or service.startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
+            service = SERVICE_NAME
         endpoint = None
         if config.endpoint is not None:  # a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is
             endpoint = config.endpoint.rstrip("/") + "/v1/traces"
-        self._provider = TracerProvider(
-            resource=Resource.create({"service.name": service}), shutdown_on_exit=False
-        )
+        self._provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         exporter = OTLPSpanExporter(endpoint=endpoint)
         self._provider.add_span_processor(BatchSpanProcessor(exporter))
         # Where spans go, without what the URL may carry besides its host (the headers,
@@ -122,6 +121,7 @@ class Tracing:
             capture = flag.lower() in TRUE
         self.capture_content = capture
 
+    @_safe()
     def run(
         self,
         *,
@@ -133,7 +133,7 @@ class Tracing:
         provider: str,  # the first leg's upstream kind
         headers: Mapping[str, str],
         continues: str | None = None,
-    ) -> RunTrace:
+    ) -> RunTrace | None:
         """Start a run's span, as a child of the client's trace context in ``headers``.
 
         ``continues``: the ``traceparent`` of the run's span on the replica that
@@ -189,6 +189,7 @@ class RunTrace:
 
     # -- attempts (leg spans) -------------------------------------------------------
 
+    @_safe(default={})
     def attempt(
         self,
         leg: ResolvedLeg,
@@ -233,6 +234,7 @@ class RunTrace:
         _W3C.inject(carrier, trace.set_span_in_context(self._leg, self._context))
         return carrier
 
+    @_safe()
     def attempt_failed(self, result: str, status: int | None, message: str) -> None:
         """The upstream request got no stream: an error status, a refused connection."""
         span = self._leg
@@ -245,11 +247,13 @@ class RunTrace:
         span.set_status(Status(StatusCode.ERROR, message))
         self._close_leg()
 
+    @_safe()
     def attempt_answered(self, status: int) -> None:
         if self._leg is not None:
             self._leg.set_attribute("gateway.attempt.result", "ok")
             self._leg.set_attribute("http.response.status_code", status)
 
+    @_safe()
     def interrupted(self, cause: str, message: str, sent_chars: int) -> None:
         """The open leg's stream broke: an event on it, and its span ends in error."""
         span = self._leg
@@ -260,8 +264,12 @@ class RunTrace:
             {"gateway.interruption.cause": cause, "gateway.sent_chars": sent_chars},
         )
         span.set_attribute("error.type", cause)
-        span.set_status(Status(StatusCode.ERROR, message))
+        # The upstream's own words may quote the prompt or the answer (a content filter's).
+        span.set_status(
+            Status(StatusCode.ERROR, message if self._tracing.capture_content else cause)
+        )
 
+    @_safe()
     def leg_ended(self, usage: Mapping[str, Any] | None, estimated: bool, seams: list[str]) -> None:
         """The open leg's stream ended (whole or broken): what it cost, how it was joined."""
         span = self._leg
@@ -281,6 +289,7 @@ class RunTrace:
 
     # -- the run --------------------------------------------------------------------
 
+    @_safe()
     def recovery(self, plan: str, cause: str, sent_chars: int) -> None:
         self.span.add_event(
             "gateway.recovery",
@@ -291,10 +300,12 @@ class RunTrace:
             },
         )
 
+    @_safe()
     def first_token(self, seconds: float) -> None:
-        self.span.set_attribute("gen_ai.server.time_to_first_token", round(seconds, 6))
+        self.span.set_attribute("gateway.time_to_first_token_s", round(seconds, 6))
         self.span.add_event("gateway.first_token")
 
+    @_safe()
     def content(self, body: Mapping[str, Any], answer: str) -> None:
         """The prompt and the answer, when the operator opted in."""
         if not self._tracing.capture_content:
@@ -308,6 +319,7 @@ class RunTrace:
         output = [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
         self.span.set_attribute("gen_ai.output.messages", orjson.dumps(output).decode())
 
+    @_safe()
     def end(
         self,
         *,
@@ -322,6 +334,9 @@ class RunTrace:
         error: str | None,
     ) -> None:
         self.ended = True
+        if self._leg is not None and error is not None:  # the run failed with it open
+            self._leg.set_attribute("error.type", error)
+            self._leg.set_status(Status(StatusCode.ERROR))
         self._close_leg()
         span = self.span
         identity = identity or {}
@@ -345,7 +360,7 @@ class RunTrace:
 
 
 def _set_usage(span: Span, usage: Mapping[str, Any] | None) -> None:
-    if not usage:
+    if not isinstance(usage, Mapping):  # none, or an upstream's malformed one
         return
     # Chat's names, or the Responses and Messages ones.
     for kind, chat in (("input", "prompt"), ("output", "completion")):

@@ -252,3 +252,15 @@ def test_an_otlp_grpc_protocol_stops_check_config_and_serve_with_what_to_set(
         assert result.returncode == 2
         assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in result.stderr
         assert "http/protobuf" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_otlp_grpc_protocol_is_not_read_while_tracing_is_off(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("upstreams:\n  - name: up\n    base_url: http://x/v1\n")
+    env = os.environ | {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    shown = subprocess.run(
+        [*CLI, "check-config", str(path)], capture_output=True, text=True, env=env
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "config OK" in shown.stdout

@@ -34,8 +34,8 @@ from gateway.app import create_app
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.config import GatewayConfig, default_config, load_config
 from gateway.metrics import Metrics
+from gateway.otel_env import tracing_enabled
 from gateway.serve import SHUTDOWN_MARGIN
-from gateway.tracing import tracing_enabled
 from tests.servers import free_port, gateway_config, running_gateway
 
 ROOT = Path(__file__).parent.parent

@@ -291,7 +291,8 @@ class UpstreamClient:
         upstream = leg.upstream
         provider = self._providers[upstream.name]
         headers = self.request_headers(upstream, self._client_headers, client_authorization)
-        if trace_headers:
+        if trace_headers:  # the gateway's span's context, whole: no client tracestate left
+            headers.pop("tracestate", None)
             headers.update(trace_headers)
         headers["content-type"] = "application/json"
         headers["accept"] = provider.accept

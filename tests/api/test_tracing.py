@@ -13,6 +13,7 @@ told. Off (the default), the gateway adds no header and starts no exporter threa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import threading
@@ -27,7 +28,7 @@ from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.config import ConfigError, Tracing
-from gateway.tracing import check_protocol, tracing_enabled
+from gateway.otel_env import check_protocol, tracing_enabled
 from tests.otlp import Receiver, Span, running_receiver
 from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
@@ -209,7 +210,7 @@ def test_a_stream_recovered_once_is_one_trace_from_the_client_to_every_upstream_
     assert attributes["gen_ai.usage.input_tokens"] == usage_in
     assert attributes["gen_ai.usage.output_tokens"] == usage_out
     assert attributes["gen_ai.response.finish_reasons"]
-    assert attributes["gen_ai.server.time_to_first_token"] > 0
+    assert attributes["gateway.time_to_first_token_s"] > 0
     [(_, recovery)] = [e for e in run.events if e[0] == "gateway.recovery"]
     assert recovery["gateway.interruption.cause"] == "reset"
     assert recovery["gateway.recovery.plan"] == "continue_text"
@@ -438,3 +439,48 @@ def test_a_grpc_protocol_is_a_clear_config_error() -> None:
     check_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
     with pytest.raises(ConfigError, match="http/protobuf"):
         check_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+
+
+def test_the_resource_names_the_service_from_the_environment(
+    chaos: ChaosUpstream, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=gw-eu,deployment.environment=prod")
+    client = Traceparent()
+    with running_gateway(traced_config(chaos, receiver)) as gateway, openai_sdk(gateway) as sdk:
+        sdk.chat.completions.create(
+            model="chaos:text=3,seed=96",
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"traceparent": client.header},
+        )
+    run = run_span(receiver.trace(client.trace_id))
+    assert run.resource["service.name"] == "gw-eu"
+    assert run.resource["deployment.environment"] == "prod"
+
+
+def test_a_tracestate_without_a_traceparent_is_not_passed_on(
+    traced: RunningGateway, chaos: ChaosUpstream
+) -> None:
+    model = "chaos:text=3,seed=97"
+    with openai_sdk(traced) as sdk:
+        sdk.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"tracestate": "vendor=orphan"},
+        )
+    [request] = chaos.requests_for(model)
+    assert "traceparent" in request.headers  # the gateway's own root
+    assert "tracestate" not in request.headers
+
+
+def test_a_failing_tracing_hook_is_logged_and_returns_its_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from gateway.tracing import _safe
+
+    @_safe(default={})
+    def broken() -> dict[str, str]:
+        raise RuntimeError("exporter gone")
+
+    with caplog.at_level(logging.ERROR, logger="gateway.tracing"):
+        assert broken() == {}
+    assert "tracing hook failed" in caplog.text
