@@ -178,6 +178,9 @@ class Upstream(_Model):
     aws_access_key_id: SecretStr | None = None
     aws_secret_access_key: SecretStr | None = None
     aws_session_token: SecretStr | None = None
+    # bedrock: the anthropic-beta flags it is sent (Bedrock refuses flags it does not
+    # know, e.g. some Claude Code sends); unset: every flag the client sends.
+    anthropic_betas: list[str] | None = None
     # azure: the api-version of the deployments URL form (base_url up to the resource,
     # https://NAME.openai.azure.com; the leg's model is the deployment). Unset: the v1
     # form, base_url up to /openai/v1, the deployment in the body's model.
@@ -258,8 +261,16 @@ class Upstream(_Model):
         if keys[0] != keys[1]:
             raise ValueError("aws_access_key_id and aws_secret_access_key go together")
         aws = self.aws_profile is not None or not keys[0] or self.aws_session_token is not None
-        if aws and self.kind != "bedrock":
-            raise ValueError("aws_* settings are for kind bedrock")
+        if (aws or self.anthropic_betas is not None) and self.kind != "bedrock":
+            raise ValueError("aws_* and anthropic_betas settings are for kind bedrock")
+        if self.region is not None and self.kind not in ("bedrock", "vertex"):
+            raise ValueError("region is for kinds bedrock and vertex")
+        if self.project is not None and self.kind != "vertex":
+            raise ValueError("project is for kind vertex")
+        if self.api_version is not None and (self.kind != "azure" or self.root.endswith("/v1")):
+            raise ValueError(
+                "api_version is for kind azure's deployments form (base_url up to the resource)"
+            )
         if self.kind in ("bedrock", "vertex") and self.api_key is not None:
             cloud = "AWS" if self.kind == "bedrock" else "Google application default"
             raise ValueError(

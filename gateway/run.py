@@ -305,8 +305,8 @@ class Run:
         mode = self._upstreams.continuation_of(leg)
         if exc.status_code not in (400, 422) or not self._prefilled:
             return False
-        if is_context_length_error(exc.content):
-            return False
+        if is_context_length_error(exc.content) or b"beta" in exc.content.lower():
+            return False  # too long, or a beta the leg's cloud refuses: not the prefill
         self._upstreams.refuses_prefill(leg)
         self._metrics.prefill_refusals.labels(leg.upstream.name, mode).inc()
         logger.info(

@@ -121,8 +121,8 @@ class Refused(Exception):
         self.headers = list(headers)
 
 
-def bedrock_error(status: int, message: str) -> Refused:
-    kind = BEDROCK_STATUS_ERRORS.get(status, "InternalServerException")
+def bedrock_error(status: int, message: str, kind: str | None = None) -> Refused:
+    kind = kind or BEDROCK_STATUS_ERRORS.get(status, "InternalServerException")
     body = orjson.dumps({"message": message})
     return Refused(status, body, [("x-amzn-errortype", f"{kind}:http://internal.amazon.com/")])
 
@@ -145,7 +145,8 @@ def check_sigv4(request: Request, region_service: str = "bedrock") -> None:
     key_id, _, region, service, signed, signature = found.groups()
     secret = BEDROCK_CREDENTIALS.get(key_id)
     if secret is None or service != region_service:
-        raise bedrock_error(403, "The security token included in the request is invalid.")
+        message = "The security token included in the request is invalid."
+        raise bedrock_error(403, message, "UnrecognizedClientException")
     names = signed.split(";")
     headers = {name: request.headers.get(name, "") for name in names}
     host = request.headers.get("host", "")
@@ -161,6 +162,7 @@ def check_sigv4(request: Request, region_service: str = "bedrock") -> None:
             403,
             "The request signature we calculated does not match the signature you provided. "
             "Check your AWS Secret Access Key and signing method.",
+            "InvalidSignatureException",
         )
 
 

@@ -64,6 +64,7 @@ _TRANSIENT_WORDS = (
     "connection",
     "rate limit",
     "try again",
+    "throttl",  # Bedrock's throttlingException
 )
 
 

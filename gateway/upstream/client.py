@@ -26,12 +26,14 @@ from gateway.upstream.headers import (
     end_to_end_headers,
     forwarded_request_headers,
 )
-from gateway.upstream.providers import ANTHROPIC_HEADERS, Decoder, provider_for
+from gateway.upstream.providers import Decoder, provider_for
 from gateway.upstream.reach import reach_of, transports_for
 from gateway.upstream.routes import ResolvedLeg
 from gateway.upstream.target import upstream_url
 from gateway.upstream.transport import Http1Transport, Target
 
+# Headers that speak for an identity on a cloud (AWS's, Google's): never a client's.
+CLOUD_PREFIXES = ("x-amz-", "x-goog-")
 # Continuation modes whose request ends with an assistant message for the model to go on.
 PREFILL_MODES = frozenset({"prefill", "vllm", "prefix", "prefix_echo"})
 REDACTED = b"[redacted]"
@@ -196,10 +198,20 @@ class UpstreamClient:
         own = self._headers[upstream.name]
         headers = dict(client_headers)
         if self._providers[upstream.name].own_credentials:
-            # A cloud's own credentials sign it; the client's never go there, nor the
-            # Anthropic headers its body carries instead.
-            for name in (CREDENTIALS | ANTHROPIC_HEADERS) & headers.keys():
-                del headers[name]
+            # A cloud's own credentials sign it: the client's never go there, nor what
+            # would speak for the gateway's identity (x-amz-*, x-goog-*: a quota project,
+            # a token), nor the version its body carries instead.
+            for name in list(headers):
+                if (
+                    name in CREDENTIALS
+                    or name.startswith(CLOUD_PREFIXES)
+                    or (
+                        name == "anthropic-version"
+                        or (name == "anthropic-beta" and upstream.kind == "bedrock")
+                    )
+                ):
+                    del headers[name]
+            headers.update(own)  # the operator's configured headers, as for any upstream
             return headers
         if own.keys() & OWN_CREDENTIALS:
             for name in CREDENTIALS & headers.keys():
@@ -300,7 +312,14 @@ class UpstreamClient:
         headers["accept-encoding"] = "identity"
         path = provider.target(path, leg.model)
         url, target = self._stream_target(upstream.name, path, memo=not provider.model_in_path)
-        await provider.authorize(url, headers, body)
+        try:  # a credential lookup is part of the wait for the first byte
+            async with asyncio.timeout(leg.timeouts.first_byte):
+                await provider.authorize(url, headers, body)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"Upstream {upstream.name!r} could not get its credentials within "
+                f"{leg.timeouts.first_byte:g}s."
+            ) from None
         with map_open_errors(leg):
             response = await self._send(
                 upstream.name,
@@ -314,7 +333,8 @@ class UpstreamClient:
             )
             if response.status_code >= 400:
                 status, headers_out, content = await self.read_error(response)
-                raise UpstreamHTTPError(status, headers_out, provider.error(status, content))
+                content = provider.error(status, headers_out, content)
+                raise UpstreamHTTPError(status, headers_out, content)
         if self._view and self.answer_metadata is None:
             self.answer_metadata = answer_metadata(response.headers.multi_items())
         return response

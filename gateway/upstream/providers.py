@@ -36,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import importlib
-from collections.abc import Iterable, Mapping
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -51,8 +52,6 @@ BEDROCK_VERSION = "bedrock-2023-05-31"
 VERTEX_VERSION = "vertex-2023-10-16"
 EVENTSTREAM = "application/vnd.amazon.eventstream"
 GOOGLE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-# Headers a cloud provider takes in the body, or not at all.
-ANTHROPIC_HEADERS = frozenset({"anthropic-version", "anthropic-beta"})
 
 # A Bedrock exception frame as the Anthropic error it means (recovery's classify reads
 # the type: overloaded and API errors are transient, an invalid request is not).
@@ -75,6 +74,29 @@ def _require(upstream: Upstream, module: str, extra: str) -> None:
             f"upstreams.{upstream.name}: kind {upstream.kind} needs {module}: "
             f"pip install 'resumable-gateway[{extra}]'"
         ) from None
+
+
+NO_CREDENTIALS_RETRY = 10.0  # seconds before the AWS chain is searched again, after none
+
+
+class _Shared:
+    """A blocking call run in a thread, once at a time: callers that arrive while it
+    runs wait for the same result, and one that gives up (is cancelled) leaves it
+    running for the others instead of starting another thread."""
+
+    def __init__(self) -> None:
+        self._pending: asyncio.Future[Any] | None = None
+
+    async def run(self, call: Callable[[], Any]) -> Any:
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.ensure_future(asyncio.to_thread(call))
+        return await asyncio.shield(self._pending)
+
+
+def _segment(model: str, safe: str) -> str:
+    """A model id as one path segment: percent-encoded, never a dot segment."""
+    quoted = quote(model, safe=safe)
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 class Decoder(Protocol):
@@ -104,7 +126,7 @@ class Provider:
     def decoder(self, max_event_bytes: int) -> Decoder:
         return SSEDecoder(max_event_bytes)
 
-    def error(self, status: int, content: bytes) -> bytes:
+    def error(self, status: int, headers: Sequence[tuple[str, str]], content: bytes) -> bytes:
         """An error answer as the protocol's clients read it."""
         return content
 
@@ -136,12 +158,20 @@ class _Claude(Provider):
     def body(self, body: dict[str, Any], client_headers: Mapping[str, str]) -> dict[str, Any]:
         body = {k: v for k, v in body.items() if k != "model"}
         body.setdefault("anthropic_version", self.version)
-        beta = client_headers.get("anthropic-beta")
-        if beta and "anthropic_beta" not in body:
-            body["anthropic_beta"] = [b.strip() for b in beta.split(",") if b.strip()]
         return body
 
-    def error(self, status: int, content: bytes) -> bytes:
+    def error(self, status: int, headers: Sequence[tuple[str, str]], content: bytes) -> bytes:
+        kind = ANTHROPIC_TYPES.get(status, "api_error")
+        if status in (401, 403):
+            # AWS's signature refusals quote the canonical request, signed session token
+            # included; a cloud's refusal of credentials is said in the gateway's words.
+            named = next((v for k, v in headers if k.lower() == "x-amzn-errortype"), "")
+            reason = named.partition(":")[0] or f"HTTP {status}"
+            text = (
+                f"Upstream {self.upstream.name!r} refused the gateway's credentials "
+                f"({reason}): check the credentials it uses for this cloud."
+            )
+            return orjson.dumps({"type": "error", "error": {"type": kind, "message": text}})
         try:
             parsed = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -153,7 +183,6 @@ class _Claude(Provider):
             inner = parsed.get("error")
             found = inner.get("message") if isinstance(inner, dict) else parsed.get("message")
             message = found if isinstance(found, str) else None
-        kind = ANTHROPIC_TYPES.get(status, "api_error")
         text = message or f"{self.upstream.name} answered HTTP {status}"
         return orjson.dumps({"type": "error", "error": {"type": kind, "message": text}})
 
@@ -178,27 +207,59 @@ class Bedrock(_Claude):
                 upstream.aws_secret_access_key.get_secret_value(),
                 token.get_secret_value() if token is not None else None,
             )
-        self._lock = asyncio.Lock()
+        self._lookup = _Shared()  # one credential lookup or refresh at a time
+        self._none_until = 0.0  # no credentials found: not looked for again until then
 
     def target(self, path: str, model: str) -> str:
-        return f"/model/{quote(model, safe=':')}/invoke-with-response-stream"
+        return f"/model/{_segment(model, ':')}/invoke-with-response-stream"
 
     def body(self, body: dict[str, Any], client_headers: Mapping[str, str]) -> dict[str, Any]:
         body = super().body(body, client_headers)
         body.pop("stream", None)  # the endpoint says it
+        beta = client_headers.get("anthropic-beta")  # Bedrock takes betas in the body
+        if beta and "anthropic_beta" not in body:
+            betas = [b.strip() for b in beta.split(",") if b.strip()]
+            allowed = self.upstream.anthropic_betas
+            if allowed is not None:  # the ones this cloud takes (it refuses the others)
+                betas = [b for b in betas if b in allowed]
+            if betas:
+                body["anthropic_beta"] = betas
         return body
 
     async def _frozen(self) -> Any:
-        """The chain's credentials now (a role's are refreshed by botocore, off the loop)."""
-        async with self._lock:
+        """The chain's credentials now: looked up once, a role's refreshed by botocore
+        when due; each off the event loop, one at a time, shared by the requests that
+        wait for it (a waiter that gives up does not start another)."""
+        import botocore.exceptions
+
+        loop = asyncio.get_running_loop()
+        try:
             if self._credentials is None:
-                self._credentials = await asyncio.to_thread(self._session.get_credentials)
-            if self._credentials is None:
-                raise UpstreamFailure(
-                    f"Upstream {self.upstream.name!r} found no AWS credentials (environment, "
-                    "shared config or profile, container or instance role)."
-                )
-            return await asyncio.to_thread(self._credentials.get_frozen_credentials)
+                if loop.time() < self._none_until:
+                    raise self._none()
+                found = await self._lookup.run(self._session.get_credentials)
+                if found is None:
+                    self._none_until = loop.time() + NO_CREDENTIALS_RETRY
+                    raise self._none()
+                self._credentials = found
+            credentials = self._credentials
+            refresh_needed = getattr(credentials, "refresh_needed", None)
+            if refresh_needed is not None and refresh_needed():
+                return await self._lookup.run(credentials.get_frozen_credentials)
+            return credentials.get_frozen_credentials()  # no refresh due: no I/O
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            # A missing profile, partial keys, a failed SSO, credential_process or
+            # assume-role: named by its kind, never by what it carried.
+            raise UpstreamFailure(
+                f"Upstream {self.upstream.name!r} could not get AWS credentials: "
+                f"{type(exc).__name__}."
+            ) from None
+
+    def _none(self) -> UpstreamFailure:
+        return UpstreamFailure(
+            f"Upstream {self.upstream.name!r} found no AWS credentials (environment, "
+            "shared config or profile, container or instance role)."
+        )
 
     async def authorize(self, url: httpx.URL, headers: dict[str, str], content: bytes) -> None:
         from botocore.auth import SigV4Auth
@@ -226,16 +287,16 @@ class Vertex(_Claude):
 
     def __init__(self, upstream: Upstream) -> None:
         super().__init__(upstream)
-        _require(upstream, "google.auth", "vertex")
+        _require(upstream, "google.auth.transport.requests", "vertex")  # and requests
         self._credentials: Any = None
-        self._lock = asyncio.Lock()
+        self._refresh = _Shared()  # one token fetch at a time, shared by its waiters
 
     def target(self, path: str, model: str) -> str:
         upstream = self.upstream
         return (
             f"/projects/{quote(upstream.project or '', safe='')}/locations/"
             f"{quote(upstream.region or '', safe='')}/publishers/anthropic/models/"
-            f"{quote(model, safe='@')}:streamRawPredict"
+            f"{_segment(model, '@')}:streamRawPredict"
         )
 
     async def _token(self) -> str:
@@ -243,21 +304,25 @@ class Vertex(_Claude):
         import google.auth.exceptions
         import google.auth.transport.requests
 
-        async with self._lock:
+        def fetch() -> Any:  # in a thread: google-auth's requests are blocking
+            credentials = self._credentials
+            if credentials is None:
+                credentials, _ = google.auth.default(scopes=GOOGLE_SCOPES)
+            if not credentials.valid:  # none yet, or expiring within 3m45s
+                credentials.refresh(google.auth.transport.requests.Request())
+            return credentials
+
+        credentials = self._credentials
+        if credentials is None or not credentials.valid:
             try:
-                if self._credentials is None:
-                    found = await asyncio.to_thread(google.auth.default, scopes=GOOGLE_SCOPES)
-                    self._credentials = found[0]
-                if not self._credentials.valid:  # none yet, or expiring within 3m45s
-                    request = google.auth.transport.requests.Request()
-                    await asyncio.to_thread(self._credentials.refresh, request)
+                self._credentials = credentials = await self._refresh.run(fetch)
             except google.auth.exceptions.GoogleAuthError as exc:
                 raise UpstreamFailure(
                     f"Upstream {self.upstream.name!r} could not get a Google access token "
                     f"(application default credentials): {type(exc).__name__}."
                 ) from None
-            token: str = self._credentials.token
-            return token
+        token: str = credentials.token
+        return token
 
     async def authorize(self, url: httpx.URL, headers: dict[str, str], content: bytes) -> None:
         headers["authorization"] = f"Bearer {await self._token()}"
@@ -265,8 +330,8 @@ class Vertex(_Claude):
 
 class EventStreamDecoder:
     """AWS event stream frames to the Messages events their chunks carry (botocore's
-    decoder: it checks each frame's lengths and CRCs, and bounds a frame at 16 MiB of
-    payload, where ``limits.max_event_bytes`` bounds an SSE event)."""
+    decoder: it checks each frame's lengths and CRCs, and bounds a frame's payload, at
+    24 MiB in botocore 1.44, where ``limits.max_event_bytes`` bounds an SSE event)."""
 
     def __init__(self) -> None:
         from botocore.eventstream import EventStreamBuffer
@@ -283,8 +348,9 @@ class EventStreamDecoder:
                 payload = _payload(message.headers, message.payload)
                 if payload is not None:
                     out.append(payload)
-        except ParserError as exc:  # a broken frame: the stream is broken
-            raise httpx.RemoteProtocolError(f"bad AWS event stream frame: {exc}") from None
+        except (ParserError, struct.error, KeyError, UnicodeDecodeError, ValueError) as exc:
+            # A broken frame (or one botocore cannot read): the stream is broken.
+            raise httpx.RemoteProtocolError(f"bad AWS event stream frame: {exc!r}") from None
         return out
 
 
@@ -300,10 +366,12 @@ def _payload(headers: Mapping[str, Any], payload: bytes) -> bytes | None:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return payload  # not a chunk as documented: malformed
     name = str(headers.get(":exception-type") or headers.get(":error-code") or "unknown")
-    try:
-        message = orjson.loads(payload).get("message")
-    except (orjson.JSONDecodeError, AttributeError):
-        message = None
+    message = headers.get(":error-message")  # an error frame's; an exception's is its payload
+    if message is None:
+        try:
+            message = orjson.loads(payload).get("message")
+        except (orjson.JSONDecodeError, AttributeError):
+            message = None
     kind_of = BEDROCK_ERRORS.get(name, "api_error")
     text = f"{message or 'Bedrock stream error'} ({name})"
     return orjson.dumps({"type": "error", "error": {"type": kind_of, "message": text}})

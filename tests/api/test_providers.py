@@ -48,13 +48,21 @@ def upstreams(chaos: ChaosUpstream) -> list[dict[str, Any]]:
     root = chaos.base_url.removesuffix("/v1")
     return [
         {"name": "anthropic", "kind": "anthropic", "base_url": root},
-        {"name": "bedrock", "kind": "bedrock", "region": "us-east-1", "base_url": root},
+        {
+            "name": "bedrock",
+            "kind": "bedrock",
+            "region": "us-east-1",
+            "base_url": root,
+            "headers": {"x-operator": "bedrock"},
+            "anthropic_betas": ["tools-2024-04-04"],
+        },
         {
             "name": "vertex",
             "kind": "vertex",
             "region": "us-east5",
             "project": "chaos-project",
             "base_url": chaos.base_url,
+            "headers": {"x-operator": "vertex"},
         },
         {"name": "openai", "kind": "openai", "base_url": chaos.base_url},
         {"name": "azure", "kind": "azure", "base_url": root + "/openai/v1", "api_key": AZURE_KEY},
@@ -73,17 +81,22 @@ def config(
     upstream: str,
     fallback: str | None = None,
     fallback_model: str | None = None,
+    changed: dict[str, dict[str, Any]] | None = None,
     **extra: Any,
 ) -> GatewayConfig:
     """Every kind on the chaos upstream; one catch-all route to ``upstream``, retried
     without a wait. With ``fallback``: no retry on the primary, and a second leg on
-    ``fallback`` asking for ``fallback_model`` (the same answer, without the fault)."""
+    ``fallback`` asking for ``fallback_model`` (the same answer, without the fault).
+    ``changed``: settings of some upstreams, by name."""
     route: dict[str, Any] = {"match": "*", "upstream": upstream, "retry": FAST_RETRY}
     if fallback is not None:
         route["retry"] = FAST_RETRY | {"retries": 0}
         route["fallbacks"] = [{"upstream": fallback, "model": fallback_model}]
     data = {
-        "upstreams": [u | {"timeouts": TIMEOUTS} for u in upstreams(chaos)],
+        "upstreams": [
+            u | {"timeouts": TIMEOUTS} | (changed or {}).get(u["name"], {})
+            for u in upstreams(chaos)
+        ],
         "routes": [route],
         **extra,
     }
@@ -341,7 +354,9 @@ def test_a_wrong_aws_secret_is_a_clear_403_that_names_no_credential(
     assert response.status_code == 403
     error = response.json()
     assert error["type"] == "error" and error["error"]["type"] == "permission_error"
-    assert "signature" in error["error"]["message"]
+    # In the gateway's words: AWS's own quote the canonical request, session token and all.
+    assert "(InvalidSignatureException)" in error["error"]["message"]
+    assert "canonical" not in response.text.lower()
     shown = response.text + str(response.headers) + caplog.text
     for secret in ("wrong-secret-access-key-9931", SECRET, "client-key-7713"):
         assert secret not in shown
@@ -360,13 +375,29 @@ def test_no_aws_credentials_is_a_clear_502(
 def test_the_client_credential_never_reaches_a_cloud(
     gateways: dict[str, RunningGateway], chaos: ChaosUpstream
 ) -> None:
+    # Nor what would speak for the gateway's identity there; the operator's headers do go.
     model = "chaos:text=3,seed=501"
+    speaking = {
+        "x-goog-user-project": "someone-elses-project",
+        "x-amz-security-token": "client-token",
+        "anthropic-beta": "tools-2024-04-04,oauth-2025-04-20",
+    }
     for kind in ("bedrock", "vertex"):
         with claude(gateways[kind]) as sdk:
-            sdk.messages.create(model=model, max_tokens=10, messages=ASK)
-    for request in chaos.requests_for(model):
+            sdk.messages.create(model=model, max_tokens=10, messages=ASK, extra_headers=speaking)
+    bedrock, vertex = chaos.requests_for(model)
+    for request in (bedrock, vertex):
         assert "x-api-key" not in request.headers and "anthropic-version" not in request.headers
         assert "client-key" not in str(request.headers)
+        assert "x-goog-user-project" not in request.headers
+        assert request.headers.get("x-amz-security-token") != "client-token"
+        assert request.headers["x-operator"] == request.dialect
+    # Bedrock takes betas in the body, only the ones it is configured to; Vertex, as the
+    # SDK's AnthropicVertex sends them, in the header.
+    assert bedrock.received["anthropic_beta"] == ["tools-2024-04-04"]
+    assert "anthropic-beta" not in bedrock.headers
+    assert vertex.headers["anthropic-beta"] == "tools-2024-04-04,oauth-2025-04-20"
+    assert "anthropic_beta" not in vertex.received
 
 
 def test_a_vertex_token_is_fetched_once_and_refreshed_before_it_expires(
@@ -416,3 +447,53 @@ def test_pass_through_paths_are_not_sent_to_a_clouds_messages_door(
         "kind bedrock" in error["message"] and "POST /v1/messages/count_tokens" in error["message"]
     )
     assert len(chaos.requests) == seen  # nothing went upstream
+
+
+def test_an_aws_profile_that_does_not_exist_is_a_clear_502(chaos: ChaosUpstream) -> None:
+    profile = {"bedrock": {"aws_profile": "no-such-profile"}}
+    with (
+        running_gateway(config(chaos, "bedrock", changed=profile)) as gateway,
+        claude(gateway) as sdk,
+    ):
+        with pytest.raises(anthropic.InternalServerError, match="ProfileNotFound"):
+            sdk.messages.create(model="chaos:text=3", max_tokens=10, messages=ASK)
+
+
+def test_bedrock_exceptions_are_read_as_the_anthropic_errors_they_mean() -> None:
+    from gateway.chaos.clouds import exception_frame
+    from gateway.protocols.messages import parse_event
+    from gateway.recovery.classify import is_transient_error
+    from gateway.recovery.events import InBandError
+    from gateway.upstream.providers import EventStreamDecoder
+
+    for kind, transient in (
+        ("rate_limit_error", True),  # throttlingException
+        ("overloaded_error", True),  # serviceUnavailableException
+        ("api_error", True),  # internalServerException
+        ("invalid_request_error", False),  # validationException
+    ):
+        frame = exception_frame(kind, "Too many requests, please wait before trying again.")
+        decoder = EventStreamDecoder()
+        [data] = decoder.feed(frame[:7]) + decoder.feed(frame[7:])  # split across reads
+        event = parse_event(data)
+        assert isinstance(event, InBandError)
+        assert is_transient_error(event.error) is transient, kind
+
+
+def test_a_bad_frame_is_a_broken_stream_not_a_crash() -> None:
+    from gateway.chaos.clouds import chunk_frame
+    from gateway.upstream.providers import EventStreamDecoder
+
+    frame = bytearray(chunk_frame(b'{"type":"ping"}'))
+    frame[-1] ^= 0xFF  # the message CRC no longer matches
+    with pytest.raises(httpx.RemoteProtocolError):
+        EventStreamDecoder().feed(bytes(frame))
+
+
+def test_a_model_id_is_one_path_segment() -> None:
+    from gateway.upstream.providers import _segment
+
+    assert _segment("..", ":") == "%2E%2E"
+    assert _segment("anthropic.claude-sonnet-4-5-v1:0", ":") == "anthropic.claude-sonnet-4-5-v1:0"
+    arn = "arn:aws:bedrock:us-east-1:1:inference-profile/us.anthropic.claude"
+    assert "/" not in _segment(arn, ":")
