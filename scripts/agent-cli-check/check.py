@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.chaos import expected_answer
+from gateway.chaos.clouds import BEDROCK_CREDENTIALS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -54,6 +55,12 @@ FAULTS = {
     "cut tool call": "fault=reset,at=48",
 }
 SEEDS = {"codex": 81, "claude": 82}
+# Claude Code while Anthropic stays overloaded mid-answer: the gateway's route for this
+# model (and only it) has no retry on Anthropic and a Bedrock leg (the chaos upstream's
+# Bedrock door: SigV4, AWS event stream) asking for the same answer.
+# Anthropic's answer breaks once (times=1), and the route's one Anthropic attempt is
+# spent: the answer is finished on Bedrock; the turn after the tool call is Anthropic's.
+OVERLOADED = "fault=error,at=30,times=1"
 SECOND_TURN = "And then?"
 RUN_TIMEOUT = 120.0
 
@@ -225,6 +232,8 @@ class Agents:
 def gateway_config(chaos: int) -> str:
     timeouts = "{connect: 2, first_byte: 10, idle: 2}"
     retry = "{backoff_initial: 0.05, backoff_max: 0.2, idle_retry_delay: 0.05}"
+    [(key_id, secret)] = BEDROCK_CREDENTIALS.items()
+    answer = f"chaos:{ANSWER},seed={SEEDS['claude']}"
     return f"""
 upstreams:
   - name: chaos
@@ -234,7 +243,18 @@ upstreams:
     kind: anthropic
     base_url: http://127.0.0.1:{chaos}
     timeouts: {timeouts}
+  - name: chaos-bedrock
+    kind: bedrock
+    region: us-east-1
+    base_url: http://127.0.0.1:{chaos}
+    aws_access_key_id: {key_id}
+    aws_secret_access_key: {secret}
+    timeouts: {timeouts}
 routes:
+  - match: "{answer},{OVERLOADED}"
+    upstream: chaos-anthropic
+    retry: {{retries: 0}}
+    fallbacks: [{{upstream: chaos-bedrock, model: "{answer}"}}]
   - {{match: "*", upstream: chaos, retry: {retry}}}
   - {{match: "*", upstream: chaos-anthropic, retry: {retry}}}
 """
@@ -245,13 +265,22 @@ class Servers:
     gateway: str
     chaos: str
 
-    def upstream_requests(self, model: str) -> list[dict[str, Any]]:
-        """The requests the chaos upstream received for ``model``, in order."""
+    def recorded(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{self.chaos}/v1/_chaos/requests", timeout=5) as answer:
             recorded: list[dict[str, Any]] = json.loads(answer.read())
+        return recorded
+
+    def upstream_requests(self, model: str) -> list[dict[str, Any]]:
+        """The requests the chaos upstream received for ``model``, in order."""
         return [
-            r for r in recorded if isinstance(r["body"], dict) and r["body"].get("model") == model
+            r
+            for r in self.recorded()
+            if isinstance(r["body"], dict) and r["body"].get("model") == model
         ]
+
+    def bedrock_requests(self) -> list[dict[str, Any]]:
+        """The requests that came by the chaos upstream's Bedrock door."""
+        return [r for r in self.recorded() if r.get("dialect") == "bedrock"]
 
 
 @contextlib.contextmanager
@@ -337,13 +366,20 @@ def check(agent: str, agents: Agents, servers: Servers) -> bool:
     clean = turn(servers, run, transcript, answer)
     report(agent, "fault-free", clean.ok, clean, len(servers.upstream_requests(answer)))
     passed = clean.ok
-    for number, (name, fault) in enumerate(FAULTS.items()):
-        model = f"{answer},{fault},times=1"
+    faults = {name: f"{fault},times=1" for name, fault in FAULTS.items()}
+    if agent == "claude":
+        faults["overloaded mid-text, finished on Bedrock"] = OVERLOADED
+    for number, (name, fault) in enumerate(faults.items()):
+        model = f"{answer},{fault}"
+        bedrock = len(servers.bedrock_requests())
         first = turn(servers, run, transcript, model)
         # Whole: the same reasoning, messages and tool call as without the fault, and no
         # request more from the agent (no retry of its own: the gateway recovered).
         same = first.transcript == clean.transcript and first.requests == clean.requests
+        # Its upstream requests, and any continuation on Bedrock (which asks for the
+        # answer by its model id there, without the fault).
         upstream = len(servers.upstream_requests(model))
+        upstream += len(servers.bedrock_requests()) - bedrock
         report(agent, name, first.ok and same, first, upstream)
         # The next turn sends this turn's items back, and the upstream must accept them.
         again = f"chaos:text=8,seed={SEEDS[agent] * 100 + number}"
