@@ -5,9 +5,9 @@ what each received."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -16,6 +16,8 @@ from httpx_sse import connect_sse
 from gateway.chaos import (
     ToolCall,
 )
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -76,6 +78,17 @@ class Received:
         call["arguments"] += function.get("arguments") or ""
 
 
+def timed(events: Iterable[T], received: Received) -> Iterator[T]:
+    """``events`` as they come, the longest pause between two of them kept on ``received``."""
+    last: float | None = None
+    for event in events:
+        now = time.perf_counter()
+        if last is not None:
+            received.longest_pause = max(received.longest_pause, now - last)
+        last = now
+        yield event
+
+
 def stream_answer(
     client: httpx.Client, base_url: str, model: str, show: Callable[[str], None]
 ) -> Received:
@@ -94,12 +107,7 @@ def stream_answer(
             response.read()
             received.error = {"message": f"HTTP {response.status_code}: {response.text[:300]}"}
             return received
-        last: float | None = None
-        for event in source.iter_sse():
-            now = time.perf_counter()
-            if last is not None:
-                received.longest_pause = max(received.longest_pause, now - last)
-            last = now
+        for event in timed(source.iter_sse(), received):
             if event.data:
                 show(received.feed(event.data))
     return received
@@ -119,12 +127,7 @@ def stream_response(base_url: str, model: str, show: Callable[[str], None]) -> R
     with OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30.0) as client:
         try:
             with client.responses.stream(model=model, input=prompt) as events:
-                last: float | None = None
-                for event in events:
-                    now = time.perf_counter()
-                    if last is not None:
-                        received.longest_pause = max(received.longest_pause, now - last)
-                    last = now
+                for event in timed(events, received):
                     received.sequence.append(event.sequence_number)
                     response = getattr(event, "response", None)
                     if response is not None:
@@ -173,12 +176,7 @@ def stream_message(base_url: str, model: str, show: Callable[[str], None]) -> Re
                 tools=[WEATHER_TOOL],  # type: ignore[list-item]
                 messages=[{"role": "user", "content": MESSAGES_PROMPT}],
             ) as events:
-                last: float | None = None
-                for event in events:
-                    now = time.perf_counter()
-                    if last is not None:
-                        received.longest_pause = max(received.longest_pause, now - last)
-                    last = now
+                for event in timed(events, received):
                     _message_event(received, event, show)
                 final = events.get_final_message()
                 received.final_text = "".join(b.text for b in final.content if b.type == "text")
