@@ -497,3 +497,32 @@ def test_a_model_id_is_one_path_segment() -> None:
     assert _segment("anthropic.claude-sonnet-4-5-v1:0", ":") == "anthropic.claude-sonnet-4-5-v1:0"
     arn = "arn:aws:bedrock:us-east-1:1:inference-profile/us.anthropic.claude"
     assert "/" not in _segment(arn, ":")
+
+
+@pytest.mark.parametrize(
+    ("primary", "other", "protocol"),
+    [("anthropic", "bedrock", "messages"), ("anthropic", "vertex", "messages")]
+    + [("openai", "azure", "chat"), ("openai", "azure-deployments", "chat")],
+)
+@pytest.mark.parametrize("at", [0, 1])
+def test_a_stream_cut_before_or_at_its_first_delta_is_answered_by_the_other_provider(
+    chaos: ChaosUpstream, primary: str, other: str, protocol: str, at: int
+) -> None:
+    # Nothing (or one delta) sent: the other provider restarts or continues from there.
+    seed = 520 + ["bedrock", "vertex", "azure", "azure-deployments"].index(other) * 2 + at
+    answer = f"chaos:text=20,seed={seed}"
+    cut = f"{answer},fault=reset,at={at}"
+    with running_gateway(config(chaos, primary, other, answer)) as gateway:
+        if protocol == "messages":
+            events = raw_messages(gateway, cut)
+            check_contract(events)
+            said = text(events)
+        else:
+            with gpt(gateway) as sdk:
+                chunks = sdk.chat.completions.create(
+                    model=cut, messages=[{"role": "user", "content": "x"}], stream=True
+                )
+                said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert said == expected_answer(answer).text
+    [continued] = chaos.requests_for(answer)
+    assert continued.dialect in ("bedrock", "vertex", "azure")
