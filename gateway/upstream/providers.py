@@ -46,12 +46,13 @@ import orjson
 
 from gateway.config import ConfigError, Upstream
 from gateway.errors import ANTHROPIC_TYPES, UpstreamFailure
-from gateway.upstream.sse import SSEDecoder
+from gateway.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
 
 BEDROCK_VERSION = "bedrock-2023-05-31"
 VERTEX_VERSION = "vertex-2023-10-16"
 EVENTSTREAM = "application/vnd.amazon.eventstream"
 GOOGLE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+FRAME_OVERHEAD = 4096  # a frame's prelude, headers, CRC and the JSON around its base64
 
 # A Bedrock exception frame as the Anthropic error it means (recovery's classify reads
 # the type: overloaded and API errors are transient, an invalid request is not).
@@ -279,7 +280,7 @@ class Bedrock(_Claude):
                 headers[name.lower()] = value
 
     def decoder(self, max_event_bytes: int) -> Decoder:
-        return EventStreamDecoder()
+        return EventStreamDecoder(max_event_bytes)
 
 
 class Vertex(_Claude):
@@ -330,27 +331,36 @@ class Vertex(_Claude):
 
 class EventStreamDecoder:
     """AWS event stream frames to the Messages events their chunks carry (botocore's
-    decoder: it checks each frame's lengths and CRCs, and bounds a frame's payload, at
-    24 MiB in botocore 1.44, where ``limits.max_event_bytes`` bounds an SSE event)."""
+    decoder: it checks each frame's lengths and CRCs). A frame still arriving is bounded
+    as an SSE event is, by ``limits.max_event_bytes``, allowing for its event's base64
+    (4/3 of it) and the frame's headers; botocore alone would wait for up to 24 MiB."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         from botocore.eventstream import EventStreamBuffer
 
         self._buffer = EventStreamBuffer()
+        self._max = max_event_bytes * 4 // 3 + FRAME_OVERHEAD
+        self._pending = 0  # bytes fed that no whole frame has consumed yet
 
     def feed(self, chunk: bytes) -> list[bytes]:
         from botocore.eventstream import ParserError
 
         self._buffer.add_data(chunk)
+        self._pending += len(chunk)
         out = []
         try:
             for message in self._buffer:
+                self._pending -= message.prelude.total_length
                 payload = _payload(message.headers, message.payload)
                 if payload is not None:
                     out.append(payload)
         except (ParserError, struct.error, KeyError, UnicodeDecodeError, ValueError) as exc:
             # A broken frame (or one botocore cannot read): the stream is broken.
             raise httpx.RemoteProtocolError(f"bad AWS event stream frame: {exc!r}") from None
+        if self._pending > self._max:
+            raise EventTooLarge(
+                f"an AWS event stream frame outgrew {self._max} bytes (limits.max_event_bytes)"
+            )
         return out
 
 

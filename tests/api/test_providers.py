@@ -526,3 +526,22 @@ def test_a_stream_cut_before_or_at_its_first_delta_is_answered_by_the_other_prov
     assert said == expected_answer(answer).text
     [continued] = chaos.requests_for(answer)
     assert continued.dialect in ("bedrock", "vertex", "azure")
+
+
+def test_a_frame_is_bounded_by_max_event_bytes_while_it_arrives() -> None:
+    from gateway.chaos.clouds import chunk_frame
+    from gateway.upstream.providers import EventStreamDecoder
+    from gateway.upstream.sse import EventTooLarge
+
+    event = b'{"type":"content_block_delta","delta":{"type":"text_delta","text":"' + b"x" * 3000
+    event += b'"}}'
+    decoder = EventStreamDecoder(max_event_bytes=4000)
+    [data] = decoder.feed(chunk_frame(event))  # 4/3 of it as base64, within the bound
+    assert data == event
+
+    frame = chunk_frame(b'{"type":"ping","pad":"' + b"y" * 20_000 + b'"}')
+    decoder = EventStreamDecoder(max_event_bytes=4000)
+    with pytest.raises(EventTooLarge):
+        for start in range(0, len(frame), 1024):  # refused before the whole frame is read
+            assert decoder.feed(frame[start : start + 1024]) == []
+            assert start < 4000 * 4 // 3 + 4096
