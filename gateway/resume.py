@@ -35,8 +35,8 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.checkpoint.model import Checkpoint, owner_hash
 from gateway.checkpoint.store import CheckpointStore
@@ -69,6 +69,15 @@ class Forwarding:
     upstreams: UpstreamClient
     authorization: str | None
     trace_context: Mapping[str, str] = field(default_factory=dict)  # traceparent, tracestate
+
+
+class Placed(NamedTuple):
+    """Where a resumed run was found, the rest of its stream, and its run span's
+    ``traceparent`` (a resume's span links it)."""
+
+    kind: str  # local, replay, takeover or tail: gateway_resumes_total's kind
+    rest: AsyncIterator[bytes] | None
+    run_trace: str | None
 
 
 class RunNotFound(NotFound):
@@ -122,6 +131,31 @@ class Resumes:
         Raises ``RunNotFound`` for an unknown run or another credential, before
         anything is streamed.
         """
+        trace = None
+        if self.tracing is not None:
+            trace = self.tracing.resume(
+                run_id=run_id, after=after, headers=forwarding.trace_context
+            )
+        if trace is None:
+            return (await self._place(run_id, credential, after, ids, forwarding)).rest
+        # A takeover's run span is the resume span's child.
+        forwarding = replace(forwarding, trace_context=trace.context)
+        try:
+            placed = await self._place(run_id, credential, after, ids, forwarding)
+        except Exception as exc:
+            trace.refused(exc)
+            raise
+        trace.placed(placed.kind, placed.run_trace)
+        return trace.follow(placed.rest)
+
+    async def _place(
+        self,
+        run_id: str,
+        credential: str | None,
+        after: int,
+        ids: bool,
+        forwarding: Forwarding,
+    ) -> Placed:
         local = self._runs.local.get(run_id)
         if local is not None:
             if not local.owned_by(credential):
@@ -130,22 +164,24 @@ class Resumes:
             if after > events:
                 raise self._not_exact("local", run_id, after, events)
             self._count("local", "ok")
+            traced = local.run.trace.traceparent if local.run.trace is not None else None
             if local.log.closed and after == events:
-                return None
-            return local.attach(after, ids=ids)
+                return Placed("local", None, traced)
+            return Placed("local", local.attach(after, ids=ids), traced)
         store = self._runs.store
         if store is None:
             raise self._refused(run_id)
         try:
             checkpoint = await self._load(store, run_id, credential)
+            traced = checkpoint.record.trace
             if _finished(checkpoint):
-                return self._replay(checkpoint, run_id, after, ids)
+                return Placed("replay", self._replay(checkpoint, run_id, after, ids), traced)
             if await store.lease_holder(run_id) is None:
                 taken = await self._take_over(
                     store, run_id, credential, after, ids, forwarding, checkpoint
                 )
                 if taken is not None:
-                    return taken
+                    return Placed("takeover", taken, traced)
         except GatewayError:
             raise
         except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
@@ -153,7 +189,8 @@ class Resumes:
             raise _store_down(run_id, exc) from None
         self._count("tail", "ok")
         adapter = adapter_named(checkpoint.record.protocol)
-        return self._tail(store, adapter, run_id, credential, after, ids, forwarding)
+        tail = self._tail(store, adapter, run_id, credential, after, ids, forwarding)
+        return Placed("tail", tail, traced)
 
     def _route_of(self, checkpoint: Checkpoint) -> ResolvedRoute:
         """The legs that serve the run's protocol, as its first owner had them (with the

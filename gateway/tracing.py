@@ -1,4 +1,5 @@
-"""OpenTelemetry traces of runs: a span per run, a child span per upstream attempt.
+"""OpenTelemetry traces of runs: a span per run, a child span per upstream attempt,
+a span per resume.
 
 Off by default. On with ``tracing.enabled: true``, or when the standard
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set and
@@ -11,8 +12,9 @@ A run's span continues the client's W3C trace context (``traceparent``,
 ``tracestate``) and lasts as long as the run, which may outlive the request. Each
 upstream request (first leg, retries, continuations, a takeover's) has its own
 client span, and carries that span's ``traceparent``, so the provider's side joins
-the trace. Attribute names follow the GenAI semantic conventions where they fit
-(``gen_ai.*``); the gateway's own are ``gateway.*``.
+the trace. A resume (on any replica) is a span of its own, linked to the run's; a
+takeover's run span is its child. Attribute names follow the GenAI semantic
+conventions where they fit (``gen_ai.*``); the gateway's own are ``gateway.*``.
 
 Never recorded unless the operator opts in (``tracing.capture_content``, or
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``): the prompt and the
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -163,6 +165,17 @@ class Tracing:
             },
         )
         return RunTrace(self, span)
+
+    @_safe()
+    def resume(self, *, run_id: str, after: int, headers: Mapping[str, str]) -> ResumeTrace | None:
+        """Start a resume's span, as a child of the client's trace context in ``headers``."""
+        span = self.tracer.start_span(
+            "resume",
+            context=_W3C.extract(headers),
+            kind=SpanKind.SERVER,
+            attributes={"gateway.run.id": run_id, "gateway.resume.after": after},
+        )
+        return ResumeTrace(span)
 
     async def aclose(self) -> None:
         """Export what is left and stop the exporter's thread (off the event loop)."""
@@ -357,6 +370,64 @@ class RunTrace:
             span.set_attribute("error.type", error)
             span.set_status(Status(StatusCode.ERROR))
         span.end()
+
+
+class ResumeTrace:
+    """A resume's span, from its request to the end of the rest it streams. It links the
+    run's span (a resume is another request, often of another trace); a takeover's run
+    span is its child."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    @property
+    def context(self) -> dict[str, str]:
+        """The span's W3C trace context, for a takeover's run span to continue."""
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier, trace.set_span_in_context(self.span, Context()))
+        return carrier
+
+    @_safe()
+    def placed(self, kind: str, run_traceparent: str | None) -> None:
+        """Where the run was found (``gateway_resumes_total``'s ``kind``), and its span."""
+        self.span.set_attribute("gateway.resume.kind", kind)
+        if run_traceparent:
+            run = trace.get_current_span(_W3C.extract({"traceparent": run_traceparent}))
+            if run.get_span_context().is_valid:
+                self.span.add_link(run.get_span_context(), {"gateway.link": "resumes"})
+
+    @_safe()
+    def refused(self, error: Exception) -> None:
+        """Refused before streaming: unknown run, not placeable, the store down."""
+        code = getattr(error, "code", None) or type(error).__name__
+        self.span.set_attribute("error.type", code)
+        if getattr(error, "status_code", 500) >= 500:  # a client's 404 or 409 is no fault here
+            self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
+
+    def follow(self, rest: AsyncIterator[bytes] | None) -> AsyncIterator[bytes] | None:
+        """``rest``, ending the span when it ends (at once if there is none)."""
+        if rest is None:
+            self._end(0)
+            return None
+        return self._following(rest)
+
+    async def _following(self, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        sent = 0
+        try:
+            async for data in rest:
+                sent += len(data)
+                yield data
+        finally:
+            close = getattr(rest, "aclose", None)  # a client gone: the follower leaves now
+            if close is not None:
+                await close()
+            self._end(sent)
+
+    @_safe()
+    def _end(self, sent: int) -> None:
+        self.span.set_attribute("gateway.resume.bytes", sent)
+        self.span.end()
 
 
 def _set_usage(span: Span, usage: Mapping[str, Any] | None) -> None:

@@ -101,10 +101,25 @@ class Receiver:
         def spans() -> list[Span]:
             with self._lock:
                 found = [s for s in self.spans if s.trace_id == trace_id]
-            ended = [s for s in found if "gateway.run.id" in s.attributes]
+            ended = [s for s in found if "gateway.protocol" in s.attributes]  # run spans
             return found if len(ended) >= runs else []
 
         found: list[Span] = wait_for(spans, timeout, f"no run span in trace {trace_id}")
+        return found
+
+    def resumes(self, run_id: str, count: int = 1, timeout: float = 10.0) -> list[Span]:
+        """The ``count`` resume spans of run ``run_id`` (each ends with its stream)."""
+
+        def ended() -> list[Span]:
+            with self._lock:
+                found = [
+                    s
+                    for s in self.spans
+                    if s.name == "resume" and s.attributes.get("gateway.run.id") == run_id
+                ]
+            return found if len(found) >= count else []
+
+        found: list[Span] = wait_for(ended, timeout, f"no resume span of run {run_id}")
         return found
 
     def of_run(self, run_id: str, timeout: float = 10.0) -> list[Span]:
@@ -112,7 +127,11 @@ class Receiver:
 
         def runs() -> list[Span]:
             with self._lock:
-                return [s for s in self.spans if s.attributes.get("gateway.run.id") == run_id]
+                return [
+                    s
+                    for s in self.spans
+                    if s.attributes.get("gateway.run.id") == run_id and s.name != "resume"
+                ]
 
         [first, *_] = wait_for(runs, timeout, f"no span of run {run_id}")
         return self.trace(first.trace_id)

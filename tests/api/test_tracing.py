@@ -284,12 +284,17 @@ def test_a_takeover_is_a_run_span_in_the_resuming_clients_trace_linked_to_the_fi
         rest = httpx.get(f"{gateway.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
         assert rest.status_code == 200 and "data:" in rest.text
         spans = receiver.trace(first_call.trace_id, runs=2)
+        [resume] = receiver.resumes(run_id)
     first, taken = sorted(
-        (s for s in spans if s.kind == "server"), key=lambda s: "gateway.takeover" in s.attributes
+        (s for s in spans if s.kind == "server" and s.name != "resume"),
+        key=lambda s: "gateway.takeover" in s.attributes,
     )
     assert first.parent_id == first_call.span_id
     assert first.attributes["gateway.outcome"] == "detached"
-    assert taken.parent_id == resume_call.span_id
+    # The resume request's span, in the client's trace; the run it took over, its child.
+    assert resume.parent_id == resume_call.span_id
+    assert resume.attributes["gateway.resume.kind"] == "takeover"
+    assert taken.parent_id == resume.span_id
     assert taken.attributes["gateway.takeover"] is True
     assert taken.attributes["gateway.outcome"] == "done"
     assert taken.links == [(first.trace_id, first.span_id)]
@@ -303,6 +308,49 @@ def test_a_takeover_is_a_run_span_in_the_resuming_clients_trace_linked_to_the_fi
         (first_call.trace_id, first_leg.span_id),
         (first_call.trace_id, continued.span_id),
     ]
+
+
+@pytest.mark.parametrize("in_trace", [True, False], ids=["client-context", "linked"])
+def test_a_resume_is_a_span_in_the_resuming_clients_trace_linked_to_the_run(
+    traced: RunningGateway, chaos: ChaosUpstream, receiver: Receiver, in_trace: bool
+) -> None:
+    # The client leaves a live run and comes back with another request (often another
+    # trace): the resume is a span of that request, linked to the run's span.
+    model = f"chaos:text=40,seed={95 + in_trace},pace_ms=15"
+    first_call, resume_call = Traceparent(), Traceparent()
+    run_id = start_and_leave(traced, "chat", model, first_call)
+    headers = {"authorization": f"Bearer {CLIENT_KEY}", "last-event-id": "6"}
+    if in_trace:
+        headers["traceparent"] = resume_call.header
+    rest = httpx.get(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
+    assert rest.status_code == 200 and rest.text.rstrip().endswith("data: [DONE]")
+    run = run_span(receiver.trace(first_call.trace_id))
+    [resume] = receiver.resumes(run_id)
+    if in_trace:
+        assert (resume.trace_id, resume.parent_id) == (resume_call.trace_id, resume_call.span_id)
+    else:
+        assert resume.trace_id != first_call.trace_id and resume.parent_id == ""
+    assert resume.kind == "server"
+    assert resume.links == [(run.trace_id, run.span_id)]
+    assert resume.attributes["gateway.resume.kind"] == "local"
+    assert resume.attributes["gateway.resume.after"] == 6
+    assert resume.attributes["gateway.resume.bytes"] == len(rest.content)
+    assert resume.status != 2
+
+
+def test_a_refused_resume_is_a_span_that_says_why(
+    traced: RunningGateway, receiver: Receiver
+) -> None:
+    client = Traceparent()
+    headers = {"authorization": f"Bearer {CLIENT_KEY}", "traceparent": client.header}
+    run_id = "run_" + secrets.token_hex(8)
+    refused = httpx.get(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
+    assert refused.status_code == 404
+    [resume] = receiver.resumes(run_id)
+    assert resume.parent_id == client.span_id and not resume.links
+    assert resume.attributes["error.type"] == "run_not_found"
+    assert "gateway.resume.kind" not in resume.attributes
+    assert resume.status != 2  # the client's mistake, not the gateway's
 
 
 def test_a_request_without_trace_context_starts_a_trace(

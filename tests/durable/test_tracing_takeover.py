@@ -68,14 +68,19 @@ def test_a_takeover_is_a_run_span_linked_to_the_lost_one(
     assert b.resumed("takeover") == 1
 
     spans = receiver.of_run(run_id)
-    [run] = [s for s in spans if s.kind == "server"]
+    [run] = [s for s in spans if s.kind == "server" and s.name != "resume"]
+    [resumed] = receiver.resumes(run_id)
     assert run.attributes["gateway.takeover"] is True
     assert run.attributes["gateway.outcome"] == "done"
     assert (lost_trace, lost_span) in run.links
+    # B found A's lease held (it tails until the lease expires, then takes over) or free.
+    assert resumed.attributes["gateway.resume.kind"] in ("tail", "takeover")
+    assert (lost_trace, lost_span) in resumed.links
+    assert (run.trace_id, run.parent_id) == (resumed.trace_id, resumed.span_id)
     if resumed_in_trace:
-        assert (run.trace_id, run.parent_id) == (first_call.trace_id, resume_call.span_id)
+        assert (resumed.trace_id, resumed.parent_id) == (first_call.trace_id, resume_call.span_id)
     else:
-        assert run.trace_id != first_call.trace_id and run.parent_id == ""
+        assert resumed.trace_id != first_call.trace_id and resumed.parent_id == ""
     [(_, recovery)] = [e for e in run.events if e[0] == "gateway.recovery"]
     assert recovery["gateway.interruption.cause"] == "replica_lost"
     [leg] = [s for s in spans if s.parent_id == run.span_id]
@@ -84,3 +89,37 @@ def test_a_takeover_is_a_run_span_linked_to_the_lost_one(
     first_request, continuation = chaos.requests_for(model)
     assert parse(first_request.headers["traceparent"])[0] == first_call.trace_id
     assert parse(continuation.headers["traceparent"]) == (run.trace_id, leg.span_id)
+
+
+def test_a_tail_on_another_replica_is_a_resume_span_linked_to_the_live_run(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis, receiver: Receiver
+) -> None:
+    # A relays on; the client resumes on B, which follows A through Redis. B's resume
+    # span is in the resuming client's trace and links A's run span (A exports it).
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    a, b = replicas.start("A", "B", env=env)
+    model = "chaos:text=80,seed=115,pace_ms=20"
+    first_call, resume_call = Traceparent(), Traceparent()
+    received = Received()
+    with sdk(a) as client_a:
+        client_a = client_a.with_options(default_headers={"traceparent": first_call.header})
+        run_id, stream = start(client_a, model, received, 8)
+        stream.close()  # the client goes away; A relays on
+    with sdk(b) as client_b:
+        client_b = client_b.with_options(default_headers={"traceparent": resume_call.header})
+        resume(client_b, model, run_id, received)
+    assert_whole_text_answer(received, model)
+    assert b.resumed("tail") == 1
+
+    [run] = [s for s in receiver.trace(first_call.trace_id) if s.kind == "server"]
+    [resume_span] = receiver.resumes(run_id)
+    assert (resume_span.trace_id, resume_span.parent_id) == (
+        resume_call.trace_id,
+        resume_call.span_id,
+    )
+    assert resume_span.attributes["gateway.resume.kind"] == "tail"
+    assert resume_span.attributes["gateway.resume.after"] == 8
+    assert resume_span.links == [(run.trace_id, run.span_id)]
+    # B started no run span of its own (one would have ended before its resume span).
+    runs = [s for s in receiver.spans if s.attributes.get("gateway.run.id") == run_id]
+    assert [s.span_id for s in runs if s.name != "resume"] == [run.span_id]
