@@ -115,7 +115,7 @@ class Resumes:
         self._runs = runs
         self._router = router
         self._metrics = runs.metrics
-        self.tracing: Tracing | None = None  # a takeover's run is traced too
+        self.tracing: Tracing | None = None  # resumes, and a takeover's run, are traced
 
     async def resume(
         self,
