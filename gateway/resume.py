@@ -142,7 +142,7 @@ class Resumes:
         forwarding = replace(forwarding, trace_context=trace.context)
         try:
             placed = await self._place(run_id, credential, after, ids, forwarding)
-        except Exception as exc:
+        except BaseException as exc:  # a refusal, the store down, a cancellation
             trace.refused(exc)
             raise
         trace.placed(placed.kind, placed.run_trace)

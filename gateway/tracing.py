@@ -381,6 +381,7 @@ class ResumeTrace:
         self.span = span
 
     @property
+    @_safe(default={})
     def context(self) -> dict[str, str]:
         """The span's W3C trace context, for a takeover's run span to continue."""
         carrier: dict[str, str] = {}
@@ -397,8 +398,9 @@ class ResumeTrace:
                 self.span.add_link(run.get_span_context(), {"gateway.link": "resumes"})
 
     @_safe()
-    def refused(self, error: Exception) -> None:
-        """Refused before streaming: unknown run, not placeable, the store down."""
+    def refused(self, error: BaseException) -> None:
+        """Refused before streaming: unknown run, not placeable, the store down (or the
+        request cancelled meanwhile)."""
         code = getattr(error, "code", None) or type(error).__name__
         self.span.set_attribute("error.type", code)
         if getattr(error, "status_code", 500) >= 500:  # a client's 404 or 409 is no fault here
@@ -408,26 +410,50 @@ class ResumeTrace:
     def follow(self, rest: AsyncIterator[bytes] | None) -> AsyncIterator[bytes] | None:
         """``rest``, ending the span when it ends (at once if there is none)."""
         if rest is None:
-            self._end(0)
+            self.end(0)
             return None
-        return self._following(rest)
-
-    async def _following(self, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        sent = 0
-        try:
-            async for data in rest:
-                sent += len(data)
-                yield data
-        finally:
-            close = getattr(rest, "aclose", None)  # a client gone: the follower leaves now
-            if close is not None:
-                await close()
-            self._end(sent)
+        return _Following(self, rest)
 
     @_safe()
-    def _end(self, sent: int) -> None:
-        self.span.set_attribute("gateway.resume.bytes", sent)
-        self.span.end()
+    def end(self, sent: int) -> None:
+        """End the span (once: a stream may end, then be closed, then be dropped)."""
+        if self.span.is_recording():
+            self.span.set_attribute("gateway.resume.bytes", sent)
+            self.span.end()
+
+
+class _Following:
+    """A resume's rest as it is streamed, ending its span when the rest ends, when it is
+    closed (even unread: a client gone before the first read) or when it is dropped
+    unread (a HEAD answered without its body)."""
+
+    def __init__(self, trace: ResumeTrace, rest: AsyncIterator[bytes]) -> None:
+        self._trace = trace
+        self._rest = rest
+        self._sent = 0
+
+    def __aiter__(self) -> _Following:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            data = await anext(self._rest)
+        except BaseException:  # its end, a failure, the client leaving (a cancellation)
+            self._trace.end(self._sent)
+            raise
+        self._sent += len(data)
+        return data
+
+    async def aclose(self) -> None:
+        try:
+            close = getattr(self._rest, "aclose", None)  # a follower leaves its run now
+            if close is not None:
+                await close()
+        finally:
+            self._trace.end(self._sent)
+
+    def __del__(self) -> None:
+        self._trace.end(self._sent)
 
 
 def _set_usage(span: Span, usage: Mapping[str, Any] | None) -> None:

@@ -530,18 +530,27 @@ def test_a_stream_cut_before_or_at_its_first_delta_is_answered_by_the_other_prov
 
 def test_a_frame_is_bounded_by_max_event_bytes_while_it_arrives() -> None:
     from gateway.chaos.clouds import chunk_frame
-    from gateway.upstream.providers import EventStreamDecoder
+    from gateway.upstream.providers import FRAME_OVERHEAD, EventStreamDecoder
     from gateway.upstream.sse import EventTooLarge
 
-    event = b'{"type":"content_block_delta","delta":{"type":"text_delta","text":"' + b"x" * 3000
-    event += b'"}}'
-    decoder = EventStreamDecoder(max_event_bytes=4000)
-    [data] = decoder.feed(chunk_frame(event))  # 4/3 of it as base64, within the bound
-    assert data == event
+    def bound(max_event_bytes: int) -> int:
+        return max_event_bytes * 4 // 3 + FRAME_OVERHEAD
 
-    frame = chunk_frame(b'{"type":"ping","pad":"' + b"y" * 20_000 + b'"}')
-    decoder = EventStreamDecoder(max_event_bytes=4000)
+    event = b'{"type":"content_block_delta","delta":{"type":"text_delta","text":"' + b"x" * 9000
+    event += b'"}}'
+    frame = chunk_frame(event)  # its base64 in JSON: about 4/3 of it, and the headers
+    # An event of max_event_bytes fits, read in small pieces.
+    decoder = EventStreamDecoder(max_event_bytes=len(event))
+    decoded = [d for start in range(0, len(frame), 100) for d in decoder.feed(frame[start:][:100])]
+    assert decoded == [event]
+
+    # The edges: all but its last byte held is within the smallest bound that holds
+    # them; one byte less, and the frame is refused before it is whole.
+    held = len(frame) - 1
+    smallest = next(m for m in range(1, len(frame)) if bound(m) >= held)
+    assert bound(smallest - 1) < held
+    decoder = EventStreamDecoder(max_event_bytes=smallest)
+    assert decoder.feed(frame[:-1]) == [] and decoder.feed(frame[-1:]) == [event]
+    decoder = EventStreamDecoder(max_event_bytes=smallest - 1)
     with pytest.raises(EventTooLarge):
-        for start in range(0, len(frame), 1024):  # refused before the whole frame is read
-            assert decoder.feed(frame[start : start + 1024]) == []
-            assert start < 4000 * 4 // 3 + 4096
+        decoder.feed(frame[:-1])

@@ -338,6 +338,21 @@ def test_a_resume_is_a_span_in_the_resuming_clients_trace_linked_to_the_run(
     assert resume.status != 2
 
 
+def test_a_resume_whose_rest_is_never_read_still_ends_its_span(
+    traced: RunningGateway, receiver: Receiver
+) -> None:
+    # A HEAD is answered without its body: the rest is dropped unread.
+    model = "chaos:text=40,seed=97,pace_ms=15"
+    run_id = start_and_leave(traced, "chat", model, Traceparent())
+    client = Traceparent()
+    headers = {"authorization": f"Bearer {CLIENT_KEY}", "traceparent": client.header}
+    head = httpx.head(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
+    assert head.status_code == 200 and head.content == b""
+    [resume] = receiver.resumes(run_id)
+    assert resume.parent_id == client.span_id
+    assert resume.attributes["gateway.resume.bytes"] == 0
+
+
 def test_a_refused_resume_is_a_span_that_says_why(
     traced: RunningGateway, receiver: Receiver
 ) -> None:
