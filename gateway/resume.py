@@ -148,6 +148,24 @@ class Resumes:
         trace.placed(placed.kind, placed.run_trace)
         return trace.follow(placed.rest)
 
+    async def check(self, run_id: str, credential: str | None) -> None:
+        """Raise ``RunNotFound`` unless the run is known to this credential (counted as
+        a refused resume), and do nothing else: a ``HEAD`` makes no claim, no tail and
+        no follower."""
+        local = self._runs.local.get(run_id)
+        if local is not None:
+            if not local.owned_by(credential):
+                raise self._refused(run_id)
+            return
+        if self._runs.store is None:
+            raise self._refused(run_id)
+        try:
+            await self._load(self._runs.store, run_id, credential)
+        except GatewayError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
+            raise _store_down(run_id, exc) from None
+
     async def _place(
         self,
         run_id: str,

@@ -407,12 +407,12 @@ class ResumeTrace:
             self.span.set_status(Status(StatusCode.ERROR))
         self.span.end()
 
-    def follow(self, rest: AsyncIterator[bytes] | None) -> AsyncIterator[bytes] | None:
+    def follow(self, rest: AsyncIterator[bytes] | None) -> Following | None:
         """``rest``, ending the span when it ends (at once if there is none)."""
         if rest is None:
             self.end(0)
             return None
-        return _Following(self, rest)
+        return Following(self, rest)
 
     @_safe()
     def end(self, sent: int) -> None:
@@ -422,7 +422,7 @@ class ResumeTrace:
             self.span.end()
 
 
-class _Following:
+class Following:
     """A resume's rest as it is streamed, ending its span when the rest ends, when it is
     closed (even unread: a client gone before the first read) or when it is dropped
     unread (a HEAD answered without its body)."""
@@ -432,7 +432,7 @@ class _Following:
         self._rest = rest
         self._sent = 0
 
-    def __aiter__(self) -> _Following:
+    def __aiter__(self) -> Following:
         return self
 
     async def __anext__(self) -> bytes:

@@ -110,6 +110,9 @@ async def resume_run(
     log = request_log()
     log.route, log.resumed_from = "runs", after
     log.extra["run_id"] = run_id
+    if request.method == "HEAD":  # a safe method: is the run there for this client? Never
+        await gateway.resumes.check(run_id, credential(request))  # a claim or a follower
+        return no_events()
     # Should this replica take the run over, its upstream requests carry this client's
     # headers, as the run's first request carried them (api/answer.py).
     upstreams = gateway.upstreams.for_client(

@@ -338,19 +338,30 @@ def test_a_resume_is_a_span_in_the_resuming_clients_trace_linked_to_the_run(
     assert resume.status != 2
 
 
-def test_a_resume_whose_rest_is_never_read_still_ends_its_span(
-    traced: RunningGateway, receiver: Receiver
-) -> None:
-    # A HEAD is answered without its body: the rest is dropped unread.
+def test_a_head_is_not_a_resume_it_claims_nothing(chaos: ChaosUpstream, receiver: Receiver) -> None:
+    # A run nobody holds (stopped after its detach grace): a HEAD says it is there, and
+    # neither takes it over, nor asks the upstream, nor makes a resume span; the GET
+    # after it does all three.
     model = "chaos:text=40,seed=97,pace_ms=15"
-    run_id = start_and_leave(traced, "chat", model, Traceparent())
-    client = Traceparent()
-    headers = {"authorization": f"Bearer {CLIENT_KEY}", "traceparent": client.header}
-    head = httpx.head(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
-    assert head.status_code == 200 and head.content == b""
-    [resume] = receiver.resumes(run_id)
-    assert resume.parent_id == client.span_id
-    assert resume.attributes["gateway.resume.bytes"] == 0
+    config = traced_config(chaos, receiver, state={"detach_grace": 0.1})
+    with running_gateway(config) as gateway:
+        run_id = start_and_leave(gateway, "chat", model, Traceparent())
+        cancelled = "gateway_detached_runs_cancelled_total"
+        wait_for(lambda: gateway.metrics.registry.get_sample_value(cancelled) == 1)
+        headers = {"authorization": f"Bearer {CLIENT_KEY}", "last-event-id": "6"}
+        url = f"{gateway.base_url}/runs/{run_id}/events"
+        head = httpx.head(url, headers=headers, timeout=10)
+        assert head.status_code == 200 and head.content == b""
+        assert httpx.head(url + "x", headers=headers, timeout=10).status_code == 404
+        taken = {"kind": "takeover", "outcome": "ok"}
+        assert not gateway.metrics.registry.get_sample_value("gateway_resumes_total", taken)
+        assert len(chaos.requests_for(model)) == 1
+        rest = httpx.get(url, headers=headers, timeout=10)
+        assert rest.status_code == 200 and rest.text.rstrip().endswith("data: [DONE]")
+        assert gateway.metrics.registry.get_sample_value("gateway_resumes_total", taken) == 1
+        assert len(chaos.requests_for(model)) == 2
+        [resume] = receiver.resumes(run_id)  # the GET's: the HEAD resumed nothing
+        assert resume.attributes["gateway.resume.kind"] == "takeover"
 
 
 def test_a_refused_resume_is_a_span_that_says_why(
@@ -547,3 +558,52 @@ def test_a_failing_tracing_hook_is_logged_and_returns_its_default(
     with caplog.at_level(logging.ERROR, logger="gateway.tracing"):
         assert broken() == {}
     assert "tracing hook failed" in caplog.text
+
+
+def test_a_resume_span_ends_once_however_its_rest_ends(caplog: pytest.LogCaptureFixture) -> None:
+    # Read to its end, closed unread (a client gone before the first read), dropped
+    # unread, or failing: the span ends, once, with the bytes that went out.
+    import asyncio
+    import gc
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gateway.tracing import ResumeTrace
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracer = provider.get_tracer("test")
+
+    async def rest(fail: bool = False) -> Any:
+        yield b"data: 1\n\n"
+        if fail:
+            raise httpx.ReadError("gone")
+        yield b"data: 2\n\n"
+
+    async def scenarios() -> None:
+        read = ResumeTrace(tracer.start_span("read")).follow(rest())
+        assert read is not None
+        assert [data async for data in read] == [b"data: 1\n\n", b"data: 2\n\n"]
+        await read.aclose()  # after its end: no second end
+        closed = ResumeTrace(tracer.start_span("closed")).follow(rest())
+        assert closed is not None
+        await closed.aclose()
+        dropped = ResumeTrace(tracer.start_span("dropped")).follow(rest())
+        del dropped
+        gc.collect()
+        failing = ResumeTrace(tracer.start_span("failing")).follow(rest(fail=True))
+        assert failing is not None
+        with pytest.raises(httpx.ReadError):
+            async for _ in failing:
+                pass
+
+    asyncio.run(scenarios())
+    spans = exported.get_finished_spans()
+    sent = {s.name: (s.attributes or {})["gateway.resume.bytes"] for s in spans}
+    assert sent == {"read": 18, "closed": 0, "dropped": 0, "failing": 9}
+    assert len(spans) == 4
+    # The SDK logs a second end() (or an attribute set after the end) as a warning.
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
