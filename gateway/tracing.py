@@ -390,7 +390,8 @@ class ResumeTrace:
 
     @_safe()
     def placed(self, kind: str, run_traceparent: str | None) -> None:
-        """Where the run was found (``gateway_resumes_total``'s ``kind``), and its span."""
+        """Where the resume found the run (a ``kind`` of ``gateway_resumes_total``), and
+        the run's span."""
         self.span.set_attribute("gateway.resume.kind", kind)
         if run_traceparent:
             run = trace.get_current_span(_W3C.extract({"traceparent": run_traceparent}))
@@ -425,7 +426,7 @@ class ResumeTrace:
 class Following:
     """A resume's rest as it is streamed, ending its span when the rest ends, when it is
     closed (even unread: a client gone before the first read) or when it is dropped
-    unread (a HEAD answered without its body)."""
+    unread (a response never sent)."""
 
     def __init__(self, trace: ResumeTrace, rest: AsyncIterator[bytes]) -> None:
         self._trace = trace
