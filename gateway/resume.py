@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.checkpoint.model import Checkpoint, owner_hash
 from gateway.checkpoint.store import CheckpointStore
-from gateway.durable import RunLog, render
+from gateway.durable import LocalRun, RunLog, render
 from gateway.errors import GatewayError, NotFound, ResumeNotExact, ServiceUnavailable
 from gateway.protocols import Adapter, adapter_named
 from gateway.recovery.classify import Cause
@@ -152,19 +152,23 @@ class Resumes:
         """Raise ``RunNotFound`` unless the run is known to this credential (counted as
         a refused resume), and do nothing else: a ``HEAD`` makes no claim, no tail and
         no follower."""
+        await self._find(run_id, credential)
+
+    async def _find(self, run_id: str, credential: str | None) -> LocalRun | Checkpoint:
+        """The run as this process relays it, else its checkpoint; for its owner only."""
         local = self._runs.local.get(run_id)
         if local is not None:
             if not local.owned_by(credential):
                 raise self._refused(run_id)
-            return
+            return local
         if self._runs.store is None:
             raise self._refused(run_id)
         try:
-            await self._load(self._runs.store, run_id, credential)
+            return await self._load(self._runs.store, run_id, credential)
         except GatewayError:
             raise
         except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
-            raise _store_down(run_id, exc) from None
+            raise self._store_failed(run_id, exc) from None
 
     async def _place(
         self,
@@ -174,26 +178,22 @@ class Resumes:
         ids: bool,
         forwarding: Forwarding,
     ) -> Placed:
-        local = self._runs.local.get(run_id)
-        if local is not None:
-            if not local.owned_by(credential):
-                raise self._refused(run_id)
-            events = len(local.log.events)
+        found = await self._find(run_id, credential)
+        if isinstance(found, LocalRun):
+            events = len(found.log.events)
             if after > events:
                 raise self._not_exact("local", run_id, after, events)
             self._count("local", "ok")
-            traced = local.run.trace.traceparent if local.run.trace is not None else None
-            if local.log.closed and after == events:
+            traced = found.run.trace.traceparent if found.run.trace is not None else None
+            if found.log.closed and after == events:
                 return Placed("local", None, traced)
-            return Placed("local", local.attach(after, ids=ids), traced)
-        store = self._runs.store
-        if store is None:
-            raise self._refused(run_id)
+            return Placed("local", found.attach(after, ids=ids), traced)
+        checkpoint, store = found, self._runs.store
+        assert store is not None  # a checkpoint was found in it
+        traced = checkpoint.record.trace
+        if _finished(checkpoint):
+            return Placed("replay", self._replay(checkpoint, run_id, after, ids), traced)
         try:
-            checkpoint = await self._load(store, run_id, credential)
-            traced = checkpoint.record.trace
-            if _finished(checkpoint):
-                return Placed("replay", self._replay(checkpoint, run_id, after, ids), traced)
             if await store.lease_holder(run_id) is None:
                 taken = await self._take_over(
                     store, run_id, credential, after, ids, forwarding, checkpoint
@@ -203,12 +203,15 @@ class Resumes:
         except GatewayError:
             raise
         except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
-            self._count("store", "error")
-            raise _store_down(run_id, exc) from None
+            raise self._store_failed(run_id, exc) from None
         self._count("tail", "ok")
         adapter = adapter_named(checkpoint.record.protocol)
         tail = self._tail(store, adapter, run_id, credential, after, ids, forwarding)
         return Placed("tail", tail, traced)
+
+    def _store_failed(self, run_id: str, exc: Exception) -> ServiceUnavailable:
+        self._count("store", "error")
+        return _store_down(run_id, exc)
 
     def _route_of(self, checkpoint: Checkpoint) -> ResolvedRoute:
         """The legs that serve the run's protocol, as its first owner had them (with the
