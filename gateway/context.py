@@ -15,8 +15,8 @@ from gateway.config import GatewayConfig, State
 from gateway.inbound import ClientAuth, read_body, read_json_object
 from gateway.metrics import Metrics
 from gateway.otel_env import tracing_enabled
-from gateway.registry import Runs
-from gateway.resume import Resumes
+from gateway.runs.registry import Runs
+from gateway.runs.resume import Resumes
 from gateway.upstream.breaker import CircuitState
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import Router

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.metrics import Metrics
 
 if TYPE_CHECKING:
-    from gateway.run import Run
+    from gateway.runs.run import Run
 
 logger = logging.getLogger("gateway.access")
 

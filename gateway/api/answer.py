@@ -21,7 +21,7 @@ from gateway.inbound import credential, speaks_anthropic, trace_context
 from gateway.observe import CLIENT_CLOSED, request_log
 from gateway.protocols import Adapter
 from gateway.recovery.classify import RETRYABLE_STATUSES
-from gateway.run import Run
+from gateway.runs.run import Run
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedRoute
 from gateway.upstream.target import run_query

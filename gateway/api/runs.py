@@ -27,7 +27,7 @@ from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
 from gateway.inbound import credential, trace_context
 from gateway.observe import ObservedSend, request_log
-from gateway.resume import Forwarding
+from gateway.runs.resume import Forwarding
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 

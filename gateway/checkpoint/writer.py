@@ -39,7 +39,7 @@ logger = logging.getLogger("gateway.checkpoint")
 
 
 class Checkpointed(Protocol):
-    """A run the writer checkpoints (``gateway.durable.LocalRun``)."""
+    """A run the writer checkpoints (``gateway.runs.durable.LocalRun``)."""
 
     id: str
     last_write: float  # loop time of the last committed write

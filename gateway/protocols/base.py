@@ -1,7 +1,7 @@
 """What a wire protocol has to say to the recovery engine (ARCHITECTURE.md sections 2a, 7).
 
-The run loop (``gateway.run``), durable runs (``gateway.durable``, ``gateway.resume``)
-and checkpoints know a protocol only through an ``Adapter``:
+The run engine (``gateway.runs``: the loop, durable runs, resume) and checkpoints
+know a protocol only through an ``Adapter``:
 
 - **decode**: an upstream SSE payload as the engine's neutral events (``Chunk``,
   ``InBandError``, ``Done``, ``Malformed``), and what a chunk adds (throughput);

@@ -7,7 +7,7 @@ One state machine per upstream, shared by every run of the process::
       │                                          └──── the probe fails ────────┤
       └─────────────────────── a success (the probe's, or any other) ──────────┘
 
-While open, runs skip the upstream's legs (``run.py`` decides what a skip means: the
+While open, runs skip the upstream's legs (``runs/run.py`` decides what a skip means: the
 last leg of a route is tried anyway). Half-open lets one request through as a probe;
 a probe that never reports (its client left mid-way, a 429) frees the slot after
 another ``cooldown``, so a lost probe cannot keep the upstream out for good.

@@ -20,8 +20,9 @@ from openai import OpenAI
 
 from gateway.app import CONFIG_ENV, create_app_from_env
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.durable import LocalRun, RunLog
-from gateway.run import Run
+from gateway.runs.durable import LocalRun
+from gateway.runs.log import RunLog
+from gateway.runs.run import Run
 from gateway.upstream.transport import _Connection
 from tests.api.streams import MESSAGES, stream_chat
 from tests.servers import gateway_config, running_gateway, wait_for

@@ -23,7 +23,7 @@ the writer's runs, rewritten whole after the failover, must come out complete an
 (written from where they were, they would have a hole where the lost writes were).
 
 The writer's runs here are stand-ins (``Run``) that checkpoint as
-``gateway.durable.LocalRun`` does: after the first write, only what is new, unless
+``gateway.runs.durable.LocalRun`` does: after the first write, only what is new, unless
 the writer asks for a rewrite. Each test needs ``redis-server`` (and ``redis-cli``
 for the Cluster) and takes under 15 s.
 """

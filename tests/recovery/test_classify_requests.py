@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.recovery.classify import is_context_length_error
-from gateway.run import is_reasoning_request
+from gateway.runs.run import is_reasoning_request
 
 
 @pytest.mark.parametrize(

@@ -185,7 +185,7 @@ def test_a_prefill_of_whitespace_only_is_asked_for_in_prompt_mode() -> None:
 def test_a_continuation_says_whether_it_ends_with_an_assistant_message(
     mode: Continuation, prefill: bool
 ) -> None:
-    """Only then may a 4xx answer to it be a model refusing prefill (gateway/run.py)."""
+    """Only then may a 4xx answer to it be a model refusing prefill (gateway/runs/run.py)."""
     request = continuation_request({"messages": []}, mode, "So far", "Go on.")
     assert request is not None and request.prefill is prefill
     assert (request.body["messages"][-1]["role"] == "assistant") is prefill

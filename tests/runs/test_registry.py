@@ -7,9 +7,9 @@ import types
 import pytest
 
 from gateway.config import default_config
-from gateway.durable import LocalRun
 from gateway.metrics import Metrics
-from gateway.registry import Runs
+from gateway.runs.durable import LocalRun
+from gateway.runs.registry import Runs
 
 
 def ended_run(runs: Runs, status: str) -> LocalRun:

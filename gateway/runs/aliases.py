@@ -19,8 +19,8 @@ from gateway.config import State
 from gateway.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
-    from gateway.durable import LocalRun
-    from gateway.run import Run
+    from gateway.runs.durable import LocalRun
+    from gateway.runs.run import Run
 
 logger = logging.getLogger("gateway.resume")
 

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from gateway.attempts import Attempts, attempt_result
 from gateway.errors import GatewayError, UpstreamFailure
 from gateway.metrics import Metrics
 from gateway.protocols.base import Adapter
@@ -58,6 +57,7 @@ from gateway.recovery.events import Chunk, Done, InBandError, Malformed
 from gateway.recovery.plan import Plan, plan_recovery
 from gateway.recovery.seam import SeamRule
 from gateway.recovery.throughput import ThroughputGuard
+from gateway.runs.attempts import Attempts, attempt_result
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import event_stream

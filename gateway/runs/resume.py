@@ -40,12 +40,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.checkpoint.model import Checkpoint, owner_hash
 from gateway.checkpoint.store import CheckpointStore
-from gateway.durable import LocalRun, RunLog, render
 from gateway.errors import GatewayError, NotFound, ResumeNotExact, ServiceUnavailable
 from gateway.protocols import Adapter, adapter_named
 from gateway.recovery.classify import Cause
-from gateway.registry import Runs
-from gateway.run import Run
+from gateway.runs.durable import LocalRun
+from gateway.runs.log import RunLog, render
+from gateway.runs.registry import Runs
+from gateway.runs.run import Run
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.routes import ResolvedRoute, Router
 

@@ -17,16 +17,17 @@ import secrets
 import socket
 from collections.abc import Iterator
 
-from gateway.aliases import Aliases
 from gateway.checkpoint.store import CheckpointStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.config import State
-from gateway.durable import LocalRun, RunLog
 from gateway.errors import ServiceUnavailable, ShuttingDown
 from gateway.metrics import Metrics
 from gateway.protocols import Adapter
 from gateway.recovery.classify import Cause
-from gateway.run import Run
+from gateway.runs.aliases import Aliases
+from gateway.runs.durable import LocalRun
+from gateway.runs.log import RunLog
+from gateway.runs.run import Run
 
 logger = logging.getLogger("gateway.resume")
 
