@@ -17,14 +17,9 @@ Appending costs one XADD per checkpoint, whatever the answer's length. A batch o
 checkpoints is one script call (per run on a Cluster, where runs live in
 different slots): every step of a run's write happens, in order, in one place.
 
-Replication (``durability: sync``): after a batch of writes, ``WAIT`` asks the
-primary that took them for at least one replica's acknowledgement (``state.
-wait_replicas``; auto: where the primary has a replica), on the connection that
-wrote them (WAIT covers what its own connection wrote). On a Cluster, each
-primary's runs go in one pipeline with their WAIT. A replica that does not answer
-within ``state.wait_timeout`` makes those writes ``UNREPLICATED`` (their events go
-out, counted), and its primary is then only probed briefly per write until a
-replica acknowledges again: a frozen replica costs one wait, not one per write.
+Replication (``durability: sync``): a batch's scripts and their ``WAIT`` go in one
+pipeline per primary (``replication.py`` says what is waited for, and how long);
+writes a replica did not acknowledge in time are ``UNREPLICATED``.
 
 Fencing (see ``store``): the script first compares the flush's epoch with the
 run's, and skips the whole flush when they differ; a claim sets the lease and
@@ -36,26 +31,20 @@ after the run was finished and deleted cannot bring it back either.
 from __future__ import annotations
 
 import asyncio
-import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-import redis.asyncio as redis
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, MovedError, NoScriptError, TimeoutError
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import ConnectionError, MovedError
 
+from gateway.checkpoint.connect import connect
 from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
+from gateway.checkpoint.replication import STANDALONE, Command, Replicas, pipelined
 
 OWNER_KEY = "rg:owner-key"
 CLUSTER_RUN_TIMEOUT = 1.0  # seconds one run's write may take on a Cluster (the writer's: 2)
-REPLICAS_CHECK = 5.0  # seconds between looks at how many replicas each primary has
-PROBE_WAIT = 0.01  # seconds a primary whose replicas fell behind waits for them, per write
-STANDALONE = ""  # the name of the only primary (standalone, Sentinel's master)
 
 # KEYS: record, events, state, lease, watch, epoch per run; ARGV: _write_args per run.
 # Returns, per run, an ``Applied``: 2 if fenced out, else whether a replica watches it.
@@ -141,62 +130,6 @@ def _keys(run_id: str) -> tuple[str, str, str, str, str, str]:
     )
 
 
-# A command that fails on a stale pooled connection (a Redis restarted, a failover, an
-# idle connection a NAT dropped) is sent once more, at once, on a fresh connection,
-# before its error surfaces. redis-py does it: the connection is closed and opened
-# again between the two tries (on a Cluster, after re-reading the slot map), so the
-# second try reaches the Redis that is there now. Once, not redis-py's default of
-# ten tries with backoff: a Redis that is really down must fail fast, the writer and
-# readiness have their own bounds, and a Cluster client would otherwise re-read the
-# slot map ten times per command to a dead primary.
-RETRY_ON = [ConnectionError, TimeoutError]
-
-
-def _retry() -> Retry:
-    return Retry(NoBackoff(), 1)
-
-
-def connect(url: str, pool_size: int) -> Any:
-    """A client for ``url``: redis[s]://, redis[s]+cluster:// or redis+sentinel://."""
-    scheme, _, rest = url.partition("://")
-    if scheme.endswith("+cluster"):
-        return RedisCluster.from_url(
-            f"{scheme.removesuffix('+cluster')}://{rest}",
-            max_connections=pool_size,
-            retry=_retry(),
-            retry_on_error=RETRY_ON,
-        )
-    if scheme == "redis+sentinel":
-        # redis+sentinel://[:password@]host:port[,host:port…]/service[/db]
-        parts = urlsplit(url)
-        hosts = parts.netloc.rpartition("@")[2]
-        nodes = [
-            (h.rpartition(":")[0] or h, int(h.rpartition(":")[2] or 26379))
-            for h in hosts.split(",")
-        ]
-        path = [p for p in parts.path.split("/") if p]
-        if not path:
-            raise ValueError("a redis+sentinel:// URL names the service: …/mymaster[/db]")
-        password = unquote(parts.password) if parts.password else None
-        # The sentinels too: a dead one is skipped after one retry, not ten with backoff.
-        sentinel_kwargs = {"password": password, "retry": _retry(), "retry_on_error": RETRY_ON}
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            nodes, password=password, sentinel_kwargs=sentinel_kwargs
-        )
-        db = int(path[1]) if len(path) > 1 else 0
-        return sentinel.master_for(
-            path[0],
-            db=db,
-            max_connections=pool_size,
-            retry=_retry(),
-            retry_on_error=RETRY_ON,
-        )
-    pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=pool_size, timeout=5, retry=_retry(), retry_on_error=RETRY_ON
-    )
-    return redis.Redis(connection_pool=pool)
-
-
 class ClusterStateError(ConnectionError):
     """A Cluster primary answers, but says the cluster cannot serve every slot."""
 
@@ -269,17 +202,13 @@ class RedisStore:
         self._probe = connect(url, 1)
         self._write_script = self._redis.register_script(WRITE_SCRIPT)
         self._claim_script = self._redis.register_script(CLAIM_SCRIPT)
-        self._wanted = wait_replicas
-        self._wait_timeout = wait_timeout
-        self._replicas: dict[str, int] = {}  # connected replicas by primary (auto only)
-        self._replicas_checked = -math.inf  # loop time of the last look
-        self._behind: set[str] = set()  # primaries whose replicas did not answer in time
+        self._replicas = Replicas(wait_replicas, wait_timeout)
         self._refresh: asyncio.Task[None] | None = None  # a Cluster slot map being read again
 
     @property
     def waits(self) -> bool:
         """Whether writes may wait for replicas (the writer allows for it)."""
-        return self._wanted != 0
+        return self._replicas.waits
 
     async def ping(self) -> None:
         """Raise unless Redis can serve every run now.
@@ -319,16 +248,12 @@ class RedisStore:
         try:
             return await self._write(flushes)
         except BaseException:
-            # A failover may be under way: what has replicas is learned again soon (within
-            # a second: not at every write, or a primary that does not answer would slow
-            # every write by its look).
-            now = asyncio.get_running_loop().time()
-            self._replicas_checked = min(self._replicas_checked, now - REPLICAS_CHECK + 1.0)
+            self._replicas.soon()  # a failover may be under way
             raise
 
     async def _write(self, flushes: Sequence[Flush]) -> list[Applied]:
         if self.waits:
-            await self._learn_replicas()
+            await self._replicas.learn(self._redis, self._reread_all)
         if isinstance(self._redis, RedisCluster):
             if self.waits:
                 return await self._write_by_primary(self._redis, flushes)
@@ -346,23 +271,31 @@ class RedisStore:
             args.extend(_write_args(f))
         # The whole batch in one command: redis-py spends ~30 µs per command it
         # packs and parses, so six commands per run would cost more than Redis.
-        required = self._required(STANDALONE)
+        replicas = self._replicas
+        required = replicas.required(STANDALONE)
         if not required:
             return [Applied(applied) for applied in await self._write_script(keys, args)]
-        # The script and its WAIT on one connection (a pipeline).
-        for attempt in range(2):
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.evalsha(self._write_script.sha, len(keys), *keys, *args)
-            pipe.execute_command("WAIT", required, self._wait_ms(STANDALONE))
-            replies, acked = await pipe.execute(raise_on_error=False)
-            if isinstance(replies, NoScriptError) and attempt == 0:
-                await self._redis.script_load(WRITE_SCRIPT)  # a Redis restarted or replaced
-                continue
-            for reply in (replies, acked):
-                if isinstance(reply, Exception):
-                    raise reply
-            break
-        return _replicated(replies, self._acknowledged(STANDALONE, acked, required))
+        (replies,), acked = await pipelined(
+            self._pipeline,
+            self._load_script,
+            [("EVALSHA", self._write_script.sha, len(keys), *keys, *args)],
+            ("WAIT", required, replicas.wait_ms(STANDALONE)),
+        )
+        for reply in (replies, acked):
+            if isinstance(reply, Exception):
+                raise reply
+        return _replicated(replies, replicas.acknowledged(STANDALONE, acked, required))
+
+    async def _pipeline(self, commands: list[Command]) -> list[Any]:
+        """``commands`` on one connection; a failed command's reply is its exception."""
+        pipe = self._redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+    async def _load_script(self) -> None:
+        await self._redis.script_load(WRITE_SCRIPT)
 
     async def _write_by_primary(
         self, cluster: RedisCluster, flushes: Sequence[Flush]
@@ -398,93 +331,43 @@ class RedisStore:
         return results
 
     async def _write_primary(self, node: ClusterNode, flushes: Sequence[Flush]) -> list[Applied]:
-        required = self._required(node.name)
-        async with asyncio.timeout(CLUSTER_RUN_TIMEOUT + (self._wait_timeout if required else 0)):
-            for attempt in range(2):
-                commands = [
-                    PipelineCommand(
-                        i, "EVALSHA", self._write_script.sha, 6, *_keys(f.run_id), *_write_args(f)
-                    )
-                    for i, f in enumerate(flushes)
-                ]
-                if required:
-                    commands.append(
-                        PipelineCommand(len(flushes), "WAIT", required, self._wait_ms(node.name))
-                    )
-                await node.execute_pipeline(commands)
-                replies = [command.result for command in commands[: len(flushes)]]
-                if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                    await node.execute_command("SCRIPT", "LOAD", WRITE_SCRIPT)
-                    continue
-                break
+        replicas = self._replicas
+        required = replicas.required(node.name)
+
+        async def execute(commands: list[Command]) -> list[Any]:
+            piped = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+            await node.execute_pipeline(piped)
+            return [command.result for command in piped]
+
+        async def load_script() -> None:
+            await node.execute_command("SCRIPT", "LOAD", WRITE_SCRIPT)
+
+        wait = ("WAIT", required, replicas.wait_ms(node.name)) if required else None
+        scripts = [
+            ("EVALSHA", self._write_script.sha, 6, *_keys(f.run_id), *_write_args(f))
+            for f in flushes
+        ]
+        async with asyncio.timeout(CLUSTER_RUN_TIMEOUT + (replicas.wait_timeout if wait else 0)):
+            replies, acked = await pipelined(execute, load_script, scripts, wait)
         if any(isinstance(r, MovedError) for r in replies):
             self._reread_slots(self._redis)  # the slots moved (a failover): learn where
         if not required:
             return _per_run(replies)
-        acked = commands[-1].result
         if isinstance(acked, Exception):
             raise acked
-        replicated = self._acknowledged(node.name, acked, required)
+        replicated = replicas.acknowledged(node.name, acked, required)
         return [
             a if a is Applied.FAILED else _replicated([a], replicated)[0] for a in _per_run(replies)
         ]
 
-    def _required(self, primary: str) -> int:
-        """How many replicas must acknowledge a write to ``primary``."""
-        if self._wanted is not None:
-            return self._wanted
-        return 1 if self._replicas.get(primary, 0) else 0
-
-    def _wait_ms(self, primary: str) -> int:
-        wait = PROBE_WAIT if primary in self._behind else self._wait_timeout
-        return max(1, int(wait * 1000))  # WAIT 0 would wait forever
-
-    def _acknowledged(self, primary: str, acked: Any, required: int) -> bool:
-        if int(acked) >= required:
-            self._behind.discard(primary)
-            return True
-        self._behind.add(primary)
-        return False
-
-    async def _learn_replicas(self) -> None:
-        """How many replicas each primary has now (``state.wait_replicas: auto``): every
-        few seconds, so a replica added, lost or promoted changes what is waited for."""
-        if self._wanted is not None:
-            return
-        now = asyncio.get_running_loop().time()
-        if now - self._replicas_checked < REPLICAS_CHECK:
-            return
-        self._replicas_checked = now
-        redis_ = self._redis
-        if isinstance(redis_, RedisCluster):
-            await redis_.initialize()
-            primaries = redis_.get_primaries()
-            # Each primary's answer bounded: one that does not answer keeps what was known.
-            infos = await asyncio.gather(
-                *(
-                    asyncio.wait_for(
-                        node.execute_command("INFO", "replication"), CLUSTER_RUN_TIMEOUT
-                    )
-                    for node in primaries
-                ),
-                return_exceptions=True,
-            )
-            if any(isinstance(info, BaseException) for info in infos):
-                self._reread_slots(redis_)
-            # A primary that did not answer keeps what was known of it.
-            self._replicas.update(
-                (node.name, int(info.get("connected_slaves", 0)))
-                for node, info in zip(primaries, infos, strict=True)
-                if isinstance(info, dict)
-            )
-        else:
-            info = await asyncio.wait_for(redis_.info("replication"), CLUSTER_RUN_TIMEOUT)
-            self._replicas = {STANDALONE: int(info.get("connected_slaves", 0))}
+    def _reread_all(self) -> None:
+        assert isinstance(self._redis, RedisCluster)
+        self._reread_slots(self._redis)
 
     def _reread_slots(self, cluster: RedisCluster) -> None:
         """Read the Cluster's slot map again, once at a time, in the background."""
         if self._refresh is None or self._refresh.done():
-            self._replicas_checked = -math.inf  # and its primaries' replicas
+            self._replicas.forget()  # and its primaries' replicas
             self._refresh = asyncio.get_running_loop().create_task(_reread(cluster))
 
     async def _write_run(self, flush: Flush) -> Any:

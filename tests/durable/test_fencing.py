@@ -206,7 +206,7 @@ class LosesOneReply:
 
 def test_a_claim_whose_reply_was_lost_and_retried_is_still_won(redis_server: RedisServer) -> None:
     # redis-py sends a command that failed on its connection once more (gateway.
-    # checkpoint.redis.RETRY_ON). For a claim that did run, that second try used to
+    # checkpoint.connect.RETRY_ON). For a claim that did run, that second try used to
     # find the lease taken, by this very claim: the winner thought it had lost, and
     # its client waited a lease_ttl for nobody.
     host, port = redis_server.url.removeprefix("redis://").split("/")[0].split(":")

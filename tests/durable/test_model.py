@@ -9,6 +9,7 @@ import time
 import orjson
 import pytest
 
+from gateway.checkpoint.connect import connect
 from gateway.checkpoint.model import (
     Flush,
     InFlightCall,
@@ -17,9 +18,9 @@ from gateway.checkpoint.model import (
     owner_hash,
     split_events,
 )
-from gateway.checkpoint.redis import connect
 from gateway.checkpoint.store import MemoryStore
-from gateway.config import ConfigError, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import ConfigError
 from gateway.protocols import CHAT
 
 

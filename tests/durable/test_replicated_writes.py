@@ -20,7 +20,8 @@ import redis
 from redis.exceptions import ConnectionError
 
 from gateway.checkpoint.model import Applied, Flush
-from gateway.checkpoint.redis import PROBE_WAIT, RedisStore
+from gateway.checkpoint.redis import RedisStore
+from gateway.checkpoint.replication import PROBE_WAIT
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
 from tests.durable.test_redis_topologies import Run, needs_cluster, needs_redis, writes
