@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
-from gateway.config import Continuation
+from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk, Event

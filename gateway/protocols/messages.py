@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from gateway.config import Continuation
+from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
 from gateway.protocols.messages_splice import (

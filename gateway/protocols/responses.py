@@ -28,12 +28,8 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
-from gateway.protocols.responses_splice import (
-    TEXT_DELTAS,
-    ResponsesAccumulator,
-    ResponsesSplicer,
-    frame,
-)
+from gateway.protocols.responses_items import ResponsesAccumulator
+from gateway.protocols.responses_splice import TEXT_DELTAS, ResponsesSplicer, frame
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
 

@@ -1,8 +1,9 @@
 """The Responses client stream: one answer spliced from one or more upstream legs (section 2a).
 
 Pure, like the chat splicer: upstream events in, client events out, and a record of
-what was sent in the run's ``ResponsesAccumulator``. See ``gateway.protocols.responses``
-for what the client is promised and the rest of the adapter.
+what was sent in the run's ``ResponsesAccumulator`` (``responses_items``). See
+``gateway.protocols.responses`` for what the client is promised and the rest of the
+adapter.
 
 Messages stream as they come. Every other item an agent sends back on its next turn
 (``function_call``, ``reasoning``) is held until the upstream says it is done, then
@@ -13,23 +14,27 @@ and a provider refuses a reasoning item it cannot read). The cost: a reasoning
 summary reaches the client when its item is done, not delta by delta. Items go out
 strictly one after another: a held item is released only after the client's open
 message (a continuation's) is closed.
+
+Past 450 lines on purpose: ``ResponsesSplicer`` is one state machine over the event
+kinds (lifecycle, items added, their events, held items, terminal), and its cases
+read best side by side.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from gateway.errors import GatewayError
-from gateway.recovery.accumulator import RunAccumulator, ToolCall
+from gateway.protocols.responses_items import Item, ResponsesAccumulator
+from gateway.recovery.accumulator import ToolCall
 from gateway.recovery.events import Chunk
 from gateway.recovery.legs import Legs
 
-USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
 # Events that carry the whole response object: the first leg's are the client's.
 LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 TERMINAL = frozenset({"response.completed", "response.incomplete"})
@@ -53,99 +58,6 @@ _MESSAGE_DONE = frozenset(
 
 def frame(kind: str, payload: bytes) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
-
-
-@dataclass(slots=True)
-class Item:
-    """One output item as the client has it."""
-
-    index: int
-    id: str
-    type: str
-    added: dict[str, Any]  # the item as its output_item.added said
-    done: dict[str, Any] | None = None  # as its output_item.done said (whole), once sent
-    text: list[str] = field(default_factory=list)  # a message's output_text
-    refusal: list[str] = field(default_factory=list)
-    parts: int = 0  # content parts the client was told of (a message)
-    text_done: bool = False  # its output_text.done went out: no more text joins it
-    part_done: bool = False  # its content_part.done went out
-    summary: dict[int, list[str]] = field(default_factory=dict)  # a reasoning item's
-
-    def add_summary(self, index: Any, delta: str) -> None:
-        self.summary.setdefault(index if type(index) is int else 0, []).append(delta)
-
-    def final(self) -> dict[str, Any]:
-        """The item for a terminal event's ``output``."""
-        if self.type == "message":
-            return self.message("completed" if self.done is not None else "incomplete")
-        if self.done is not None:
-            return self.done
-        unfinished = dict(self.added)
-        if "status" in unfinished:
-            unfinished["status"] = "incomplete"
-        if self.summary:  # reasoning cut short: what the client was sent of it
-            unfinished["summary"] = [
-                {"type": "summary_text", "text": "".join(self.summary[i])}
-                for i in sorted(self.summary)
-            ]
-        return unfinished
-
-    def message(self, status: str) -> dict[str, Any]:
-        content: list[dict[str, Any]] = [
-            {"type": "output_text", "text": "".join(self.text), "annotations": []}
-        ]
-        if self.refusal:
-            content.append({"type": "refusal", "refusal": "".join(self.refusal)})
-        return self.added | {"status": status, "content": content}
-
-
-class ResponsesAccumulator(RunAccumulator):
-    """What the client was sent, with the Responses-only parts: items and numbering."""
-
-    usage_counts = USAGE_COUNTS
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.response: dict[str, Any] | None = None  # the first leg's response object
-        self.items: list[Item] = []
-        self.seq = 0  # events sent: the next sequence_number
-        self.status: str | None = None
-        self.incomplete_details: Any = None
-
-    def open_message(self) -> Item | None:
-        for item in reversed(self.items):
-            if item.type == "message":
-                return item if item.done is None and not item.text_done else None
-        return None
-
-    def client_usage(self) -> dict[str, Any]:
-        """Usage as a Response carries it, whole (never null: a synthesized end, or one
-        after a recovery, has it too): summed over legs, with its token details."""
-        usage = self.usage
-        if usage is None:
-            usage = dict.fromkeys(USAGE_COUNTS, 0)
-        if "input_tokens_details" in usage and "output_tokens_details" in usage:
-            return usage  # one leg's, as reported
-        legs = list(self.usage_by_leg.values())
-        details = (
-            ("input_tokens_details", "cached_tokens"),
-            ("output_tokens_details", "reasoning_tokens"),
-        )
-        return usage | {
-            field: {name: sum(_detail(leg, field, name) for leg in legs)} for field, name in details
-        }
-
-    def output(self) -> list[dict[str, Any]]:
-        return [item.final() for item in self.items]
-
-    def response_object(self, status: str) -> dict[str, Any]:
-        response = dict(self.response or {})
-        response["status"] = status
-        response["output"] = self.output()
-        response["usage"] = self.client_usage()
-        if status == "incomplete":
-            response["incomplete_details"] = self.incomplete_details
-        return response
 
 
 @dataclass(slots=True)
@@ -601,12 +513,6 @@ class ResponsesSplicer(Legs):
 
 
 _UNSEEN = Item(-1, "", "", {})
-
-
-def _detail(usage: dict[str, Any], field: str, name: str) -> int:
-    details = usage.get(field)
-    value = details.get(name) if type(details) is dict else None
-    return value if type(value) is int else 0
 
 
 def _call_name(held: Held) -> str:

@@ -9,7 +9,8 @@ import pytest
 
 from gateway.errors import UpstreamFailure
 from gateway.protocols.responses import RESPONSES
-from gateway.protocols.responses_splice import ResponsesAccumulator, ResponsesSplicer, frame
+from gateway.protocols.responses_items import ResponsesAccumulator
+from gateway.protocols.responses_splice import ResponsesSplicer, frame
 from gateway.recovery.events import Chunk, InBandError
 from gateway.recovery.plan import Plan
 from gateway.recovery.seam import SeamRule
