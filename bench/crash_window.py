@@ -35,7 +35,7 @@ import httpx
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import parse_config
+from gateway.config.load import parse_config
 from gateway.context import Gateway
 from gateway.metrics import Metrics
 

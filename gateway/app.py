@@ -29,7 +29,8 @@ from gateway.api.messages import create_message
 from gateway.api.passthrough import list_models, passthrough
 from gateway.api.responses import create_response, retrieve_response
 from gateway.api.runs import run_events
-from gateway.config import GatewayConfig, default_config, load_config
+from gateway.config.load import default_config, load_config
+from gateway.config.schema import GatewayConfig
 from gateway.context import Gateway
 from gateway.errors import GatewayError, error_body
 from gateway.inbound import speaks_anthropic

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.app import CONFIG_ENV
-from gateway.config import ConfigError, GatewayConfig, default_config, load_config
+from gateway.config.load import default_config, load_config
+from gateway.config.schema import ConfigError, GatewayConfig
 from gateway.describe import describe
 from gateway.logs import config as logging_config
 from gateway.otel_env import check_protocol, tracing_enabled

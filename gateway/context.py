@@ -11,7 +11,7 @@ from starlette.requests import Request
 
 from gateway.checkpoint.redis import RedisStore
 from gateway.checkpoint.store import CheckpointStore, MemoryStore
-from gateway.config import GatewayConfig, State
+from gateway.config.schema import GatewayConfig, State
 from gateway.inbound import ClientAuth, read_body, read_json_object
 from gateway.metrics import Metrics
 from gateway.otel_env import tracing_enabled

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from gateway.config import GatewayConfig, mask, mask_url
+from gateway.config.schema import GatewayConfig, mask, mask_url
 from gateway.upstream.reach import reach_of
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.errors import error_body
 
 STATE_KEY = "gateway.listen"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.config import ConfigError
-from gateway.config import Tracing as TracingConfig
+from gateway.config.schema import ConfigError
+from gateway.config.schema import Tracing as TracingConfig
 
 TRUE = ("true", "1", "yes", "on")
 

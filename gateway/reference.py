@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.metrics import Metrics
 
 _FIELD = re.compile(r"^\s{4}(\w+)\s*:")

@@ -16,7 +16,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from gateway.app import CONFIG_ENV
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.listen import GuardedHttpToolsProtocol
 from gateway.logs import Format
 from gateway.logs import config as logging_config

@@ -46,7 +46,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.config import Tracing as TracingConfig
+from gateway.config.schema import Tracing as TracingConfig
 from gateway.otel_env import TRUE, check_protocol
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.cli import cgroup_cpu_quota, default_workers, open_proxy_warning
-from gateway.config import GatewayConfig, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import GatewayConfig
 from tests.servers import free_port
 
 # The console script pyproject.toml installs, next to the interpreter running the tests.

@@ -6,13 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config import (
-    ConfigError,
-    default_config,
-    interpolate_env,
-    load_config,
-    parse_config,
-)
+from gateway.config.load import default_config, interpolate_env, load_config, parse_config
+from gateway.config.schema import ConfigError
 from gateway.describe import describe
 from gateway.upstream.routes import Router
 

@@ -32,7 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.config import GatewayConfig, default_config, load_config
+from gateway.config.load import default_config, load_config
+from gateway.config.schema import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.otel_env import tracing_enabled
 from gateway.serve import SHUTDOWN_MARGIN

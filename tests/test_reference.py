@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from gateway.config import GatewayConfig, State
+from gateway.config.schema import GatewayConfig, State
 from gateway.metrics import Metrics
 from gateway.reference import config_reference, metrics_reference
 

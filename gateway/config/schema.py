@@ -1,28 +1,21 @@
-"""Typed configuration: a YAML file with ``${ENV}`` interpolation, or embedded defaults.
+"""The configuration's schema: every key, its type, its default and its checks.
 
-Validation happens once, at start-up, and a bad file fails with a message that
-names the key and says what was expected. Secrets are ``SecretStr`` so that a
-stray ``repr`` or log line never shows them; ``describe()`` (``gateway.describe``)
-masks them too.
+Read by ``gateway.config.load`` (a YAML file with ``${ENV}`` interpolation, or the
+embedded defaults). Secrets are ``SecretStr`` so that a stray ``repr`` or log line
+never shows them; ``describe()`` (``gateway.describe``) masks them too.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import os
-import re
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -489,106 +482,6 @@ class GatewayConfig(_Model):
 
     def upstream(self, name: str) -> Upstream:
         return next(u for u in self.upstreams if u.name == name)
-
-
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def interpolate_env(node: Any, env: Mapping[str, str], path: str = "") -> Any:
-    """Replace ``${VAR}`` and ``${VAR:-default}`` in every string of a YAML tree."""
-    if isinstance(node, str):
-
-        def substitute(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in env:
-                return env[name]
-            if default is not None:
-                return default
-            raise ConfigError(f"{path or '<root>'}: environment variable {name} is not set")
-
-        return _ENV_REF.sub(substitute, node)
-    if isinstance(node, dict):
-        return {
-            k: interpolate_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [interpolate_env(v, env, f"{path}.{i}") for i, v in enumerate(node)]
-    return node
-
-
-# Keys whose values may hold credentials (a URL may carry user:password): never echoed.
-_SECRET_KEYS = frozenset(
-    {
-        *("api_key", "base_url", "headers", "keys", "redis_url", "owner_key", "proxy"),
-        *("aws_access_key_id", "aws_secret_access_key", "aws_session_token"),
-    }
-)
-
-
-def parse_config(data: Any, source: str = "config") -> GatewayConfig:
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors(include_url=False):
-            key = ".".join(str(p) for p in err["loc"]) or "<root>"
-            message = err["msg"]
-            shown = err.get("input")
-            secretive = any(part in _SECRET_KEYS for part in err["loc"])
-            if err["type"] not in {"missing", "extra_forbidden"} and not secretive:
-                if not isinstance(shown, dict | list):
-                    message += f" (got {shown!r})"
-            problems.append(f"  {key}: {message}")
-        raise ConfigError(f"{source} is invalid:\n" + "\n".join(problems)) from None
-
-
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return parse_config(interpolate_env(raw, os.environ if env is None else env), str(path))
-
-
-def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """The embedded defaults: one upstream from the environment, in-memory state.
-
-    ``GATEWAY_UPSTREAM_BASE_URL`` (default: OpenAI), ``GATEWAY_UPSTREAM_API_KEY``
-    (unset: the client's own key is passed through), ``GATEWAY_KEYS`` (comma-separated
-    gateway keys clients must present; unset: none), ``GATEWAY_REDIS_URL``. Messages
-    API requests go to an anthropic upstream: ``GATEWAY_ANTHROPIC_BASE_URL`` (default:
-    Anthropic's) and ``GATEWAY_ANTHROPIC_API_KEY`` (unset: the client's own x-api-key).
-    The client-side ``OPENAI_*`` and ``ANTHROPIC_*`` variables are deliberately not
-    read: clients set ``OPENAI_BASE_URL`` (``ANTHROPIC_BASE_URL``) to the gateway itself.
-    """
-    env = os.environ if env is None else env
-    upstream: dict[str, Any] = {
-        "name": "default",
-        "base_url": env.get(ENV_PREFIX + "UPSTREAM_BASE_URL", DEFAULT_UPSTREAM_URL),
-    }
-    if key := env.get(ENV_PREFIX + "UPSTREAM_API_KEY"):
-        upstream["api_key"] = key
-    anthropic: dict[str, Any] = {
-        "name": "anthropic",
-        "kind": "anthropic",
-        "base_url": env.get(ENV_PREFIX + "ANTHROPIC_BASE_URL", DEFAULT_ANTHROPIC_URL),
-    }
-    if key := env.get(ENV_PREFIX + "ANTHROPIC_API_KEY"):
-        anthropic["api_key"] = key
-    # Every model on both; a request goes to the first that serves its API, and
-    # requests without a model (the last route's: /v1/models, files) to the default.
-    routes = [{"match": "*", "upstream": "anthropic"}, {"match": "*", "upstream": "default"}]
-    data: dict[str, Any] = {"upstreams": [upstream, anthropic], "routes": routes}
-    if keys := [k.strip() for k in env.get(ENV_PREFIX + "KEYS", "").split(",") if k.strip()]:
-        data["auth"] = {"keys": keys}
-    if redis_url := env.get(ENV_PREFIX + "REDIS_URL"):
-        data["state"] = {"redis_url": redis_url}
-    return parse_config(data, "embedded defaults")
 
 
 def mask(secret: SecretStr | None) -> str:

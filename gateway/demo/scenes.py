@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from gateway.app import create_app
 from gateway.chaos.clouds import BEDROCK_CREDENTIALS
-from gateway.config import GatewayConfig, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.serve import in_thread
 

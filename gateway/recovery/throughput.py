@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from gateway.config import MinThroughput
+from gateway.config.schema import MinThroughput
 
 _STEPS = 4  # samples per window: the window slides by a quarter of its length
 

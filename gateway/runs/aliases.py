@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.checkpoint.store import CheckpointStore
-from gateway.config import State
+from gateway.config.schema import State
 from gateway.errors import ServiceUnavailable
 
 if TYPE_CHECKING:

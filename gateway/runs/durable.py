@@ -42,7 +42,7 @@ from gateway.checkpoint.model import (
     owner_hash,
 )
 from gateway.checkpoint.writer import CheckpointWriter
-from gateway.config import State
+from gateway.config.schema import State
 from gateway.metrics import Metrics
 from gateway.protocols import Adapter
 from gateway.recovery.classify import Cause

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from gateway.checkpoint.store import CheckpointStore
 from gateway.checkpoint.writer import CheckpointWriter
-from gateway.config import State
+from gateway.config.schema import State
 from gateway.errors import ServiceUnavailable, ShuttingDown
 from gateway.metrics import Metrics
 from gateway.protocols import Adapter

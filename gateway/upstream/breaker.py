@@ -22,7 +22,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable
 
-from gateway.config import Circuit, Upstream
+from gateway.config.schema import Circuit, Upstream
 
 
 class CircuitState(enum.StrEnum):

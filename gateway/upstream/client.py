@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from gateway.config import Continuation, Limits, Upstream
+from gateway.config.schema import Continuation, Limits, Upstream
 from gateway.errors import UpstreamFailure, UpstreamTimeout
 from gateway.recovery.classify import Cause, classify_transport_error
 from gateway.upstream.breaker import CircuitBreakers, OnChange

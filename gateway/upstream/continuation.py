@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import Continuation
+from gateway.config.schema import Continuation
 from gateway.recovery.seam import SeamRule, anchor_tail
 
 # Appended to the route's continuation prompt: the reply then begins with a known

@@ -44,7 +44,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from gateway.config import ConfigError, Upstream
+from gateway.config.schema import ConfigError, Upstream
 from gateway.errors import ANTHROPIC_TYPES, UpstreamFailure
 from gateway.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
 

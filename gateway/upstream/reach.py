@@ -35,7 +35,7 @@ import httpcore
 import httpx
 from pydantic import SecretStr
 
-from gateway.config import PROXY_SCHEMES, ConfigError, Limits, Tls, Upstream, mask_url
+from gateway.config.schema import PROXY_SCHEMES, ConfigError, Limits, Tls, Upstream, mask_url
 from gateway.upstream.transport import KEEPALIVE_EXPIRY, Http1Transport
 
 logger = logging.getLogger("gateway.upstream")

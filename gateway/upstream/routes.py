@@ -7,7 +7,7 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.config import (
+from gateway.config.schema import (
     Continuation,
     GatewayConfig,
     MinThroughput,

@@ -16,7 +16,8 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.config import GatewayConfig, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import GatewayConfig
 from tests.api.streams import MESSAGES, stream_chat
 from tests.servers import RunningGateway, running_gateway
 

@@ -9,7 +9,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.config import parse_config
+from gateway.config.load import parse_config
 from gateway.upstream.routes import Router
 from tests.api.streams import stream_chat
 from tests.servers import RunningGateway, gateway_config, running_gateway

@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from tests.api.streams import Received, receive, stream_chat
 from tests.raw_upstream import RawRequest, chat_answer, chat_chunk, running_raw_upstream, sse_head
 from tests.servers import gateway_config, running_gateway

@@ -22,7 +22,7 @@ from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 from gateway.chaos.answer import attempt_deltas
 from gateway.chaos.messages import thinking_signature
 from gateway.chaos.spec import parse_spec
-from gateway.config import parse_config
+from gateway.config.load import parse_config
 from gateway.protocols.messages_splice import PING
 from tests.protocols.named import events as named_events
 from tests.servers import RunningGateway, gateway_config, running_gateway

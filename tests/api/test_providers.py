@@ -27,7 +27,8 @@ from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.chaos.clouds import AZURE_KEY, BEDROCK_CREDENTIALS
-from gateway.config import GatewayConfig, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import GatewayConfig
 from tests.api.test_messages import (
     ASK,
     FAST_RETRY,

@@ -27,7 +27,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.config import ConfigError, Tracing
+from gateway.config.schema import ConfigError, Tracing
 from gateway.otel_env import check_protocol, tracing_enabled
 from tests.otlp import Receiver, Span, running_receiver
 from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for

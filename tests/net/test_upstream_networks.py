@@ -16,7 +16,8 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from gateway.config import GatewayConfig, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import GatewayConfig
 from tests.net.conftest import PROXY_PASSWORD, PROXY_USER
 from tests.net.h2_upstream import H2Upstream
 from tests.net.pki import Pki

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from gateway.chaos.answer import anchor_of
 from gateway.chaos.spec import parse_spec
-from gateway.config import Continuation
+from gateway.config.schema import Continuation
 from gateway.protocols.chat_splice import Splicer
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.config import MinThroughput
+from gateway.config.schema import MinThroughput
 from gateway.protocols.chat import delta_chars
 from gateway.recovery.throughput import ThroughputGuard
 

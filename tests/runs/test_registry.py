@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from gateway.config import default_config
+from gateway.config.load import default_config
 from gateway.metrics import Metrics
 from gateway.runs.durable import LocalRun
 from gateway.runs.registry import Runs

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import Circuit, ConfigError, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import Circuit, ConfigError
 from gateway.upstream.breaker import CircuitBreaker, CircuitBreakers, CircuitState
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config import Upstream, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import Upstream
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.headers import answer_metadata, forwarded_request_headers
 

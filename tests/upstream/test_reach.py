@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from gateway.config import ConfigError, Upstream, mask_url, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import ConfigError, Upstream, mask_url
 from gateway.upstream.reach import bypassed, reach_of
 
 

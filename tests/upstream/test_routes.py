@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config import ConfigError, Timeouts, parse_config
+from gateway.config.load import parse_config
+from gateway.config.schema import ConfigError, Timeouts
 from gateway.upstream.routes import Router
 
 UPSTREAMS = [

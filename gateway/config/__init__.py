@@ -1,0 +1,1 @@
+"""The configuration: its schema (``schema``) and how it is read (``load``)."""
