@@ -13,6 +13,11 @@ Anthropic Messages API's events (``messages.py``), where a trailing assistant
 message is a prefill to continue (no flag needed) and every error, an error status
 or an in-band ``error`` event, has Anthropic's shape
 (``{"type":"error","error":{"type","message"}}``).
+
+Past 450 lines on purpose: ``ChaosUpstream`` is the one place that turns a request
+into its answer and its fault, for every door; what a door says is in its dialect
+module (``responses.py``, ``messages.py``, ``clouds.py``), what the answer is in
+``answer.py``, how a fault acts in ``faults.py``.
 """
 
 from __future__ import annotations

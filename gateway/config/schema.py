@@ -3,6 +3,10 @@
 Read by ``gateway.config.load`` (a YAML file with ``${ENV}`` interpolation, or the
 embedded defaults). Secrets are ``SecretStr`` so that a stray ``repr`` or log line
 never shows them; ``describe()`` (``gateway.describe``) masks them too.
+
+Past 450 lines on purpose: this is the configuration reference (docs/configuration.md
+is generated from these models, in this order), and it reads as a config file does,
+top to bottom; loading, interpolation and the embedded defaults are in ``load.py``.
 """
 
 from __future__ import annotations

@@ -34,14 +34,8 @@ import orjson
 from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
-from gateway.protocols.messages_splice import (
-    MESSAGE_STOP,
-    PING,
-    THINKING,
-    MessagesAccumulator,
-    MessagesSplicer,
-    error_event,
-)
+from gateway.protocols.messages_items import THINKING, MessagesAccumulator
+from gateway.protocols.messages_splice import MESSAGE_STOP, PING, MessagesSplicer, error_event
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
 from gateway.upstream.continuation import ContinuationRequest, continuation_request

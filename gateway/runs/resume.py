@@ -27,6 +27,10 @@ an in-band error mid-tail), counted as ``outcome="not_exact"``, never a guess.
 Ownership: only the credential that started a run resumes it. Locally the
 credentials are compared; in the store, keyed hashes. Anything else is a 404
 that says no more than an unknown id would.
+
+Past 450 lines on purpose: the four kinds above are one decision over one
+checkpoint (found, owned, placed), and each door (a resume, a HEAD, a replay)
+reads it the same way (``_find``); split, they would each re-read the rules.
 """
 
 from __future__ import annotations

@@ -26,6 +26,11 @@ The client's events are pushed into an ``Emit`` callback, not yielded: one loop 
 the upstream body, decodes, splices and hands the bytes on, where a chain of async
 generators (body, SSE, relay, run) cost more per delta than all of that together
 (BENCHMARKS.md, "512 streams").
+
+Past 450 lines on purpose: ``Run`` is one state machine (open, relay, recover) whose
+steps share the open response, the plan and the splicer; what is not that machine
+went out already (leg choice: ``attempts.py``; the log and its followers: ``log.py``).
+Its bookkeeping (metrics, spans, the recovery log line) comes after the loop.
 """
 
 from __future__ import annotations
@@ -59,9 +64,9 @@ from gateway.recovery.seam import SeamRule
 from gateway.recovery.throughput import ThroughputGuard
 from gateway.runs.attempts import Attempts, attempt_result
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
+from gateway.upstream.connection import set_read_timeout, whole
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import event_stream
-from gateway.upstream.transport import set_read_timeout, whole
 
 if TYPE_CHECKING:
     from gateway.tracing import RunTrace

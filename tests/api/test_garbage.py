@@ -23,7 +23,7 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.runs.durable import LocalRun
 from gateway.runs.log import RunLog
 from gateway.runs.run import Run
-from gateway.upstream.transport import _Connection
+from gateway.upstream.connection import Connection
 from tests.api.streams import MESSAGES, stream_chat
 from tests.servers import gateway_config, running_gateway, wait_for
 
@@ -101,7 +101,7 @@ def test_a_run_whose_client_left_is_freed_when_cancelled(chaos: ChaosUpstream) -
 
 
 def _open_connections() -> list[object]:
-    return [o for o in gc.get_objects() if isinstance(o, _Connection) and not o.closed]
+    return [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]
 
 
 def test_the_served_app_freezes_its_startup_heap_out_of_the_collector(

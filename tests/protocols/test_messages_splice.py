@@ -8,12 +8,8 @@ import orjson
 
 from gateway.errors import UpstreamFailure
 from gateway.protocols.messages import MESSAGES, parse_event, replay
-from gateway.protocols.messages_splice import (
-    MESSAGE_STOP,
-    MessagesAccumulator,
-    MessagesSplicer,
-    frame,
-)
+from gateway.protocols.messages_items import MessagesAccumulator
+from gateway.protocols.messages_splice import MESSAGE_STOP, MessagesSplicer, frame
 from gateway.recovery.events import DONE, Chunk, InBandError
 from gateway.recovery.plan import Plan
 from gateway.recovery.seam import SeamRule

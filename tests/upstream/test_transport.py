@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.upstream.transport import Http1Transport, whole
+from gateway.upstream.connection import whole
+from gateway.upstream.transport import Http1Transport
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n"
