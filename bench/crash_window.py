@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import uvicorn
 
 from gateway.app import create_app
@@ -114,7 +114,7 @@ def gateway(
         thread.join(10)
 
 
-async def _stream(client: httpx.AsyncClient, base: str, seed: int) -> int:
+async def _stream(client: httpx2.AsyncClient, base: str, seed: int) -> int:
     body = {"model": f"chaos:text=64,pace_ms=20,seed={seed}", "messages": [], "stream": True}
     events = 0
     async with client.stream("POST", base + "/chat/completions", json=body) as response:
@@ -184,8 +184,8 @@ def measure(chaos_url: str, redis_url: str, mode: str, every: int, streams: int)
 
 def clients(base: str, streams: int) -> None:
     async def go() -> list[int]:
-        limits = httpx.Limits(max_connections=streams + 8)
-        async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        limits = httpx2.Limits(max_connections=streams + 8)
+        async with httpx2.AsyncClient(limits=limits, timeout=60) as client:
             return await asyncio.gather(*(_stream(client, base, s) for s in range(streams)))
 
     print(" ".join(map(str, asyncio.run(go()))))

@@ -1,4 +1,4 @@
-"""Upstream HTTP engines side by side: the gateway's own transport, httpx's, aiohttp's.
+"""Upstream HTTP engines side by side: the gateway's own transport and httpx2's.
 
     .venv/bin/python -m bench.engines          # the full run, about 3.5 minutes
     .venv/bin/python -m bench.engines --quick  # a smoke run (tests), figures not meaningful
@@ -6,10 +6,11 @@
 Targets, measured in one run against one upstream (``bench.upstream``):
 
 - ``direct``: the client talks to the upstream itself (the baseline);
-- ``builtin``, ``httpx``, ``aiohttp``: the gateway (the real CLI, one process each,
-  in-memory checkpoints: the default), identical but for the upstream's ``engine:``:
-  the gateway's own HTTP/1.1 transport (``gateway/upstream/transport.py``), httpx's
-  ``AsyncHTTPTransport`` (httpcore), and httpx-aiohttp's ``AiohttpTransport``.
+- ``builtin``, ``httpx``: the gateway (the real CLI, one process each, in-memory
+  checkpoints: the default), identical but for the upstream's ``engine:``: the
+  gateway's own HTTP/1.1 transport (``gateway/upstream/transport.py``) and httpx2's
+  ``AsyncHTTPTransport`` (httpcore2's pool). httpx-aiohttp's ``AiohttpTransport``,
+  measured here until the move to httpx2, works with httpx only (BENCHMARKS.md).
 
 The harness is ``python -m bench``'s: its client, upstream and workloads, the
 process roles and pinning (harness on CPU 0, every proxy on CPU 1), and rotations
@@ -61,13 +62,12 @@ from bench.workloads import MS, PACE_MS, Roles, Sweep, Target
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).with_name("resumable-gateway")
-ENGINES = ("builtin", "httpx", "aiohttp")
+ENGINES = ("builtin", "httpx")
 BASE = "builtin"
 LABELS = {
     "direct": "direct (no proxy)",
     "builtin": "gateway, builtin engine (transport.py)",
-    "httpx": "gateway, httpx engine (httpcore)",
-    "aiohttp": "gateway, aiohttp engine (httpx-aiohttp)",
+    "httpx": "gateway, httpx engine (httpx2's, httpcore2)",
 }
 CONFIG = """
 upstreams:
@@ -81,7 +81,7 @@ routes:
 state:
   store: memory
 """
-PACKAGES = ("httpx", "httpcore", "httptools", "aiohttp", "httpx-aiohttp", "uvloop")
+PACKAGES = ("httpx2", "httpcore2", "h2", "httptools", "uvloop")
 HEADROOM = 80.0  # % of its core the harness may use before its figures are suspect
 SCHEDSTAT = Path("/proc/self/schedstat").exists()
 

@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
+import httpx2
 import uvicorn
 import uvloop
 from starlette.types import Message, Receive, Scope, Send
@@ -119,7 +119,7 @@ class Relay:
     """An ASGI app: each request's body to the upstream, its body chunks back unparsed."""
 
     def __init__(self, upstream: int) -> None:
-        self._url = httpx.URL(f"http://127.0.0.1:{upstream}/v1/chat/completions")
+        self._url = httpx2.URL(f"http://127.0.0.1:{upstream}/v1/chat/completions")
         self._engine: tuple[http1.Http1Transport, http1.Target] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,8 +89,8 @@ def wait_ready(
 def http_ok(url: str) -> Callable[[], bool]:
     def probe() -> bool:
         try:
-            return httpx.get(url, timeout=2).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(url, timeout=2).status_code == 200
+        except httpx2.HTTPError:
             return False
 
     return probe

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import workloads
@@ -68,7 +68,7 @@ def redis_server(port: int, directory: str, *extra: str) -> list[str]:
 
 def writes(port: int) -> dict[str, float]:
     """The gateway's ``gateway_checkpoint_writes_total`` by result."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    text = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     return {
         sample.labels["result"]: sample.value
         for family in text_string_to_metric_families(text)

@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 
 from bench import workloads
@@ -152,7 +152,7 @@ def measure(levels: list[int], rounds: int) -> tuple[dict[str, Any], dict[str, i
             proc.terminate()
             proc.wait(30)
         spans: dict[str, int] = orjson.loads(
-            httpx.get(f"http://127.0.0.1:{ports['sink']}/spans", timeout=5).content
+            httpx2.get(f"http://127.0.0.1:{ports['sink']}/spans", timeout=5).content
         )
         return table, spans
 

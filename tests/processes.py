@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -84,7 +84,7 @@ class Replica:
 
     def samples(self, name: str) -> list[Sample]:
         """The samples called ``name`` in a scrape of ``/metrics``."""
-        text = httpx.get(self.url + "/metrics", timeout=5).text
+        text = httpx2.get(self.url + "/metrics", timeout=5).text
         return [
             sample
             for family in text_string_to_metric_families(text)
@@ -164,8 +164,8 @@ def ready(replica: Replica) -> bool:
         output = replica.log.read_text(errors="replace")
         raise RuntimeError(f"gateway {replica.name} exited: {output}")
     try:
-        return httpx.get(replica.url + "/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
+        return httpx2.get(replica.url + "/readyz", timeout=1).status_code == 200
+    except httpx2.HTTPError:
         return False
 
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -131,9 +131,9 @@ def test_an_empty_read_between_cr_and_lf_changes_nothing() -> None:
 # -- the path validator -------------------------------------------------------------------
 
 ROOTS = [
-    httpx.URL("http://127.0.0.1:9000/v1"),
-    httpx.URL("http://127.0.0.1:9000"),
-    httpx.URL("https://api.example.com/openai/v1/"),
+    httpx2.URL("http://127.0.0.1:9000/v1"),
+    httpx2.URL("http://127.0.0.1:9000"),
+    httpx2.URL("https://api.example.com/openai/v1/"),
 ]
 PATH_PIECES = st.sampled_from(
     [b"/", b"//", b"%2f", b"%2F", b"%5c", b"%5C", b"\\", b".", b"..", b"%2e", b"%2E"]
@@ -163,7 +163,7 @@ _ESCAPES = (b"%2f", b"%5c", b"%2e", b"%25")
 @settings(max_examples=500, deadline=None)
 @given(raw_path=RAW_PATHS, query=QUERIES, root=st.sampled_from(ROOTS))
 def test_relay_target_refuses_or_stays_on_the_configured_upstream(
-    raw_path: bytes, query: bytes, root: httpx.URL
+    raw_path: bytes, query: bytes, root: httpx2.URL
 ) -> None:
     try:
         target = relay_target(raw_path, query)
@@ -172,7 +172,7 @@ def test_relay_target_refuses_or_stays_on_the_configured_upstream(
     url = upstream_url(root, target)  # its own guard raises UnsafePath: that would fail here
     assert (url.scheme, url.host, url.port) == (root.scheme, root.host, root.port)
     # As sent, and as anything downstream would re-parse it.
-    reparsed = httpx.URL(str(url))
+    reparsed = httpx2.URL(str(url))
     assert (reparsed.scheme, reparsed.host, reparsed.port) == (root.scheme, root.host, root.port)
     base = root.raw_path.rstrip(b"/")
     path, _, sent_query = url.raw_path.partition(b"?")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
+import httpx2
 import pytest
 from openai import OpenAI
 
@@ -39,9 +39,9 @@ def serving(
         deadline = time.monotonic() + 20
         while True:
             try:
-                if httpx.get(url + probe).status_code == 200:
+                if httpx2.get(url + probe).status_code == 200:
                     break
-            except httpx.TransportError:
+            except httpx2.TransportError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
@@ -103,7 +103,7 @@ def test_the_cgroup_cpu_quota_is_read_as_docker_and_kubernetes_set_it(
 
 def test_chaos_upstream_command_serves_the_chaos_api() -> None:
     with serving(["chaos-upstream"], dict(os.environ), "/v1/models") as url:
-        response = httpx.post(
+        response = httpx2.post(
             url + "/v1/chat/completions", json={"model": "chaos:text=3", "messages": []}
         )
     assert (

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 import promql_parser
 import pytest
 import yaml
@@ -992,7 +992,7 @@ def live(chaos: ChaosUpstream) -> Exposition:
     with running_gateway(gateway_config(chaos.base_url, upstream=upstream)) as gateway:
         with OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
             drive_traffic(client)
-        with httpx.Client(base_url=gateway.url) as http:
+        with httpx2.Client(base_url=gateway.url) as http:
             assert http.get("/readyz").status_code == 200
             scrape = http.get("/metrics")
     assert scrape.status_code == 200

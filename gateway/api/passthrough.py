@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -29,11 +29,11 @@ def _upstream_target(request: Request) -> str:
     return relay_target(raw_path, scope["query_string"])
 
 
-async def _aiter_raw(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _aiter_raw(response: httpx2.Response) -> AsyncIterator[bytes]:
     try:
         async for chunk in response.aiter_raw():
             yield chunk
-    except httpx.TransportError:
+    except httpx2.TransportError:
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
             raise  # the connection is aborted: the client sees an incomplete body
         # An event stream that broke must not end like a complete one.
@@ -146,7 +146,7 @@ async def list_models(request: Request) -> Response:
         listed = orjson.loads(content).get("data") if response.status_code == 200 else None
         if isinstance(listed, list):
             models = [m for m in listed if isinstance(m, dict)]
-    except (GatewayError, httpx.TransportError, orjson.JSONDecodeError, AttributeError):
+    except (GatewayError, httpx2.TransportError, orjson.JSONDecodeError, AttributeError):
         logger.warning("could not list the models of upstream %r", leg.upstream.name)
     known = {m.get("id") for m in models}
     models += [

@@ -134,7 +134,7 @@ class Tls(_Model):
     """How an upstream's TLS is checked (docs/configuration.md, "Networks")."""
 
     # A PEM bundle of the CAs to trust (a private vLLM, a TLS-inspecting proxy); unset:
-    # SSL_CERT_FILE / SSL_CERT_DIR when set, else the certifi bundle httpx uses.
+    # SSL_CERT_FILE / SSL_CERT_DIR when set, else the system trust store (as httpx2).
     ca_file: str | None = None
     client_cert: str | None = None  # PEM certificate for mutual TLS (with client_key)
     client_key: str | None = None  # its key; unset: in client_cert's file
@@ -147,7 +147,7 @@ class Tls(_Model):
         return self
 
 
-Engine = Literal["auto", "builtin", "httpx", "aiohttp"]
+Engine = Literal["auto", "builtin", "httpx"]
 
 
 class Upstream(_Model):
@@ -195,9 +195,19 @@ class Upstream(_Model):
     tls: Tls = Tls()
     http2: bool = False  # HTTP/2 (over TLS, by ALPN) instead of HTTP/1.1
     # auto: the gateway's own HTTP/1.1 engine, directly or through an http:// proxy (the
-    # fastest: BENCHMARKS.md, "Upstream HTTP engines"); httpx's (httpcore) over HTTP/2 or
-    # through an https:// proxy. builtin, httpx, aiohttp (httpx-aiohttp): that one.
+    # fastest: BENCHMARKS.md, "Upstream HTTP engines"); httpx2's (httpcore2) over HTTP/2
+    # or through an https:// proxy. builtin, httpx: that one.
     engine: Engine = "auto"
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_known(cls, value: Any) -> Any:
+        if value == "aiohttp":
+            raise ValueError(
+                "engine aiohttp is no longer offered: httpx-aiohttp works with httpx, not with "
+                "httpx2, which the gateway is built on; use auto (or builtin, httpx)"
+            )
+        return value
 
     @field_validator("proxy")
     @classmethod
@@ -218,8 +228,6 @@ class Upstream(_Model):
         proxy = self.proxy.get_secret_value() if self.proxy is not None else ""
         if self.engine == "builtin" and proxy.startswith("https://"):
             raise ValueError("engine builtin cannot use an https:// proxy; use auto or httpx")
-        if self.engine == "aiohttp" and self.http2:
-            raise ValueError("engine aiohttp speaks HTTP/1.1 only; use auto or httpx for http2")
         return self
 
     @property

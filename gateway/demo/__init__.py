@@ -9,8 +9,8 @@ interruption metrics); how it was rescued (its recovery metrics, and the
 continuation request the upstream recorded); and whether the answer is
 byte-identical to an unbroken one (``expected_answer``).
 
-The client is plain httpx + httpx-sse, as someone without the openai package would
-write it: content and tool-call deltas, ``finish_reason``, an in-band
+The client is plain httpx2 (and its SSE reader), as someone without the openai
+package would write it: content and tool-call deltas, ``finish_reason``, an in-band
 ``{"error": ...}`` event, ``[DONE]``. One more scene speaks the Responses API
 (``POST /v1/responses``) through the openai SDK's ``client.responses.stream()``,
 which checks the event order strictly, and one the Anthropic Messages API

@@ -1,4 +1,4 @@
-"""The demo's clients: plain httpx + httpx-sse for chat, the openai SDK's
+"""The demo's clients: plain httpx2 (and its SSE reader) for chat, the openai SDK's
 ``client.responses.stream()`` and the anthropic SDK's ``client.messages.stream()``;
 what each received."""
 
@@ -9,9 +9,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx
+import httpx2
 import orjson
-from httpx_sse import connect_sse
 
 from gateway.chaos import (
     ToolCall,
@@ -90,7 +89,7 @@ def timed(events: Iterable[T], received: Received) -> Iterator[T]:
 
 
 def stream_answer(
-    client: httpx.Client, base_url: str, model: str, show: Callable[[str], None]
+    client: httpx2.Client, base_url: str, model: str, show: Callable[[str], None]
 ) -> Received:
     """Stream one chat completion through the gateway; ``show`` each text delta as it comes."""
     received = Received()
@@ -101,13 +100,13 @@ def stream_answer(
     }
     headers = {"content-type": "application/json"}
     url = base_url + "/chat/completions"
-    with connect_sse(client, "POST", url, content=orjson.dumps(body), headers=headers) as source:
+    with client.sse(url, method="POST", content=orjson.dumps(body), headers=headers) as source:
         response = source.response
         if response.status_code != 200:
             response.read()
             received.error = {"message": f"HTTP {response.status_code}: {response.text[:300]}"}
             return received
-        for event in timed(source.iter_sse(), received):
+        for event in timed(iter(source), received):
             if event.data:
                 show(received.feed(event.data))
     return received

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
-import httpx
+import httpx2
 
 from gateway.chaos import (
     ChaosUpstream,
@@ -61,7 +61,7 @@ class Stage:
     upstream: ChaosUpstream
     gateway_url: str
     metrics: Metrics
-    client: httpx.Client
+    client: httpx2.Client
 
     def stream(
         self, model: str, show: Callable[[str], None], api: str = CHAT
@@ -91,7 +91,7 @@ def staged() -> Iterator[Stage]:
             running_gateway(
                 demo_config(upstream.base_url, bedrock=has_botocore()), metrics
             ) as gateway_url,
-            httpx.Client(timeout=httpx.Timeout(30.0)) as client,
+            httpx2.Client(timeout=httpx2.Timeout(30.0)) as client,
         ):
             yield Stage(upstream, gateway_url, metrics, client)
     finally:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 
-import httpx
+import httpx2
 
 
 class Cause(enum.StrEnum):
@@ -25,13 +25,13 @@ class Cause(enum.StrEnum):
 
 def classify_transport_error(exc: BaseException) -> Cause:
     """Map an httpx error raised while waiting for or reading a response."""
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+    if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout | httpx2.PoolTimeout):
         return Cause.CONNECT
-    if isinstance(exc, httpx.ProxyError):  # the proxy refused the tunnel (403, 407…)
+    if isinstance(exc, httpx2.ProxyError):  # the proxy refused the tunnel (403, 407…)
         return Cause.CONNECT
-    if isinstance(exc, httpx.ReadTimeout):
+    if isinstance(exc, httpx2.ReadTimeout):
         return Cause.IDLE
-    if isinstance(exc, httpx.ReadError | httpx.WriteError):
+    if isinstance(exc, httpx2.ReadError | httpx2.WriteError):
         return Cause.RESET
     return Cause.PROTOCOL
 

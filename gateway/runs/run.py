@@ -44,7 +44,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import orjson
 
 from gateway.errors import GatewayError, UpstreamFailure
@@ -151,7 +151,7 @@ class Run:
         self.attempts = Attempts(route, upstreams.circuits, metrics)  # which leg, when
         self._plan: Plan | None = None  # None: the original request
         self._plans: list[Plan] = []
-        self._response: httpx.Response | None = None
+        self._response: httpx2.Response | None = None
         # The rest of a response whose [DONE] arrived: read to its end before closing,
         # so its connection goes back to the pool instead of being torn down.
         self._after_done: AsyncIterator[bytes] | None = None
@@ -595,7 +595,7 @@ class Run:
                         break
         except TimeoutError:
             raise self._interrupted(Cause.FIRST_BYTE_TIMEOUT) from None
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             raise self._interrupted(classify_transport_error(exc)) from None
         if not splicer.finished:
             raise self._interrupted(Cause.TRUNCATED)

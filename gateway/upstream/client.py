@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import httpx
+import httpx2
 
 from gateway.config.schema import Continuation, Limits, Upstream
 from gateway.errors import UpstreamFailure, UpstreamTimeout
@@ -74,7 +74,7 @@ def map_open_errors(leg: ResolvedLeg) -> Iterator[None]:
         raise UpstreamTimeout(
             f"Upstream {upstream.name!r} sent no response within {leg.timeouts.first_byte:g}s."
         ) from None
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         cause = classify_transport_error(exc)
         if cause is Cause.IDLE:
             raise UpstreamTimeout(f"Upstream {upstream.name!r} did not answer in time.") from None
@@ -111,12 +111,12 @@ class UpstreamClient:
         # (upstream, model) pairs that refused a continuation with a trailing assistant
         # message: from then on they are continued in prompt mode (shared by the views).
         self._no_prefill: set[tuple[str, str]] = set()
-        self._roots = {u.name: httpx.URL(u.api_root) for u in upstreams}
+        self._roots = {u.name: httpx2.URL(u.api_root) for u in upstreams}
         self._anthropic_versions = {
             u.name: u.anthropic_version for u in upstreams if u.kind == "anthropic"
         }
         # (upstream, path): its URL, and the builtin engine's target for a POST to it.
-        self._stream_targets: dict[tuple[str, str], tuple[httpx.URL, Target | None]] = {}
+        self._stream_targets: dict[tuple[str, str], tuple[httpx2.URL, Target | None]] = {}
         self.max_event_bytes = limits.max_event_bytes  # one SSE line or event (sse.py)
         # Set on a view by ``for_client``: what goes upstream from its client, and what
         # comes back to it from the first response that answered (the app's client keeps
@@ -143,13 +143,13 @@ class UpstreamClient:
         self,
         upstream: str,
         method: str,
-        url: httpx.URL,
+        url: httpx2.URL,
         headers: Mapping[str, str],
         content: bytes,
-        timeouts: httpx.Timeout,
+        timeouts: httpx2.Timeout,
         first_byte: float,
         target: Target | None = None,
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """One request, until its response's headers. ``target``: the builtin engine's
         for ``method`` and ``url``, when the caller kept one (``_stream_target``)."""
         transport = self._transports[upstream]
@@ -158,7 +158,7 @@ class UpstreamClient:
                 target = target or transport.target(method, url)
                 response = await transport.request(target, headers, content, timeouts.as_dict())
             else:
-                request = httpx.Request(
+                request = httpx2.Request(
                     method,
                     url,
                     headers=headers,
@@ -170,7 +170,7 @@ class UpstreamClient:
             # The proxy refused a plain-http request (a tunnel's refusal is raised by
             # httpx): the upstream was never reached, as with any connect error.
             await response.aclose()
-            raise httpx.ProxyError("The proxy refused the request (407).")
+            raise httpx2.ProxyError("The proxy refused the request (407).")
         return response
 
     @staticmethod
@@ -257,7 +257,7 @@ class UpstreamClient:
         return data
 
     async def read_error(
-        self, response: httpx.Response
+        self, response: httpx2.Response
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """An error answer, read (up to ``MAX_ERROR_BYTES``), closed, and scrubbed."""
         content = bytearray()
@@ -267,7 +267,7 @@ class UpstreamClient:
                 if len(content) > MAX_ERROR_BYTES:
                     del content[MAX_ERROR_BYTES:]
                     break
-        except httpx.TransportError:
+        except httpx2.TransportError:
             pass  # the error body broke off: relay what arrived of it
         finally:
             await response.aclose()
@@ -280,9 +280,9 @@ class UpstreamClient:
         return response.status_code, headers, self.scrub(bytes(content))
 
     @staticmethod
-    def timeout(leg: ResolvedLeg, idle: float) -> httpx.Timeout:
+    def timeout(leg: ResolvedLeg, idle: float) -> httpx2.Timeout:
         connect = leg.timeouts.connect
-        return httpx.Timeout(connect=connect, read=idle, write=connect, pool=connect)
+        return httpx2.Timeout(connect=connect, read=idle, write=connect, pool=connect)
 
     async def open_stream(
         self,
@@ -292,7 +292,7 @@ class UpstreamClient:
         idle_timeout: float,
         path: str = "/chat/completions",
         trace_headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """POST a streaming request (a chat completion, a response…) and wait for its headers.
 
         Returns the open response (the caller closes it). An error status raises
@@ -341,7 +341,7 @@ class UpstreamClient:
 
     def _stream_target(
         self, upstream: str, path: str, *, memo: bool = True
-    ) -> tuple[httpx.URL, Target | None]:
+    ) -> tuple[httpx2.URL, Target | None]:
         """The URL of an API path on ``upstream``, and the builtin engine's target for a
         POST to it: both worked out once per path (not per query, nor per model in the
         path: clients choose those, so a memo of them would grow without bound)."""
@@ -362,7 +362,7 @@ class UpstreamClient:
         target: str,
         headers: Mapping[str, str],
         content: bytes,
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """Send any other request through unchanged; the response is returned open.
 
         ``target`` is a path and query checked by ``relay_target`` (or a constant): it

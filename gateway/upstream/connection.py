@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, cast
 
 import httptools
-import httpx
+import httpx2
 
 HIGH_WATER = 256 * 1024  # unread body bytes before the socket stops being read
 
@@ -62,7 +62,7 @@ class Connection(asyncio.Protocol):
 
     # -- the request ------------------------------------------------------------------
 
-    async def send(self, method: str, data: bytes, read_timeout: float | None) -> httpx.Response:
+    async def send(self, method: str, data: bytes, read_timeout: float | None) -> httpx2.Response:
         assert self._transport is not None
         self._head = self._loop.create_future()
         self._no_body = method == "HEAD"
@@ -78,7 +78,7 @@ class Connection(asyncio.Protocol):
         except BaseException:
             self.close()  # cancelled (first-byte timeout) or failed before the headers
             raise
-        return httpx.Response(
+        return httpx2.Response(
             self._status,
             headers=self._headers,
             stream=_Body(self),
@@ -150,7 +150,7 @@ class Connection(asyncio.Protocol):
             assert self._parser is not None  # dropped only once the connection is lost
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"Invalid HTTP response: {exc}"))
+            self._fail(httpx2.RemoteProtocolError(f"Invalid HTTP response: {exc}"))
             self.close()
             return
         if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
@@ -173,12 +173,14 @@ class Connection(asyncio.Protocol):
             self._complete = True  # the body of an until-close response ends here
             self._wake()
         elif isinstance(exc, OSError):
-            self._fail(httpx.ReadError(str(exc) or type(exc).__name__))
+            self._fail(httpx2.ReadError(str(exc) or type(exc).__name__))
         elif not self._head.done():
-            self._fail(httpx.RemoteProtocolError("Server disconnected without sending a response."))
+            self._fail(
+                httpx2.RemoteProtocolError("Server disconnected without sending a response.")
+            )
         else:
             self._fail(
-                httpx.RemoteProtocolError(
+                httpx2.RemoteProtocolError(
                     "peer closed connection without sending complete message body"
                 )
             )
@@ -250,11 +252,11 @@ class Connection(asyncio.Protocol):
                 self._last = self._loop.time()  # the reader is behind, not the upstream
             self._arm()
             return
-        self._fail(httpx.ReadTimeout("The upstream sent nothing within the read timeout."))
+        self._fail(httpx2.ReadTimeout("The upstream sent nothing within the read timeout."))
         self.close()
 
 
-def set_read_timeout(response: httpx.Response, seconds: float) -> bool:
+def set_read_timeout(response: httpx2.Response, seconds: float) -> bool:
     """From now on, fail ``response`` (this engine's only) once nothing arrived for
     ``seconds``; False if its engine cannot (httpx's and aiohttp's set theirs per request)."""
     body = response.stream
@@ -269,7 +271,7 @@ def set_read_timeout(response: httpx.Response, seconds: float) -> bool:
     return True
 
 
-def whole(response: httpx.Response) -> bool:
+def whole(response: httpx2.Response) -> bool:
     """Whether the whole of ``response``'s body has arrived (this engine's responses
     only): what is left of it can be let go without reading, nor waiting."""
     body = response.stream
@@ -282,7 +284,7 @@ def whole(response: httpx.Response) -> bool:
     return True
 
 
-class _Body(httpx.AsyncByteStream):
+class _Body(httpx2.AsyncByteStream):
     def __init__(self, connection: Connection) -> None:
         self._connection: Connection | None = connection
 

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
-import httpx
+import httpx2
 import orjson
 
 from gateway.config.schema import ConfigError, Upstream
@@ -121,7 +121,7 @@ class Provider:
     def body(self, body: dict[str, Any], client_headers: Mapping[str, str]) -> dict[str, Any]:
         return body
 
-    async def authorize(self, url: httpx.URL, headers: dict[str, str], content: bytes) -> None:
+    async def authorize(self, url: httpx2.URL, headers: dict[str, str], content: bytes) -> None:
         """Add what proves the request's origin (a signature, a fresh token)."""
 
     def decoder(self, max_event_bytes: int) -> Decoder:
@@ -262,7 +262,7 @@ class Bedrock(_Claude):
             "shared config or profile, container or instance role)."
         )
 
-    async def authorize(self, url: httpx.URL, headers: dict[str, str], content: bytes) -> None:
+    async def authorize(self, url: httpx2.URL, headers: dict[str, str], content: bytes) -> None:
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
@@ -325,7 +325,7 @@ class Vertex(_Claude):
         token: str = credentials.token
         return token
 
-    async def authorize(self, url: httpx.URL, headers: dict[str, str], content: bytes) -> None:
+    async def authorize(self, url: httpx2.URL, headers: dict[str, str], content: bytes) -> None:
         headers["authorization"] = f"Bearer {await self._token()}"
 
 
@@ -356,7 +356,7 @@ class EventStreamDecoder:
                     out.append(payload)
         except (ParserError, struct.error, KeyError, UnicodeDecodeError, ValueError) as exc:
             # A broken frame (or one botocore cannot read): the stream is broken.
-            raise httpx.RemoteProtocolError(f"bad AWS event stream frame: {exc!r}") from None
+            raise httpx2.RemoteProtocolError(f"bad AWS event stream frame: {exc!r}") from None
         if self._pending > self._max:
             raise EventTooLarge(
                 f"an AWS event stream frame outgrew {self._max} bytes (limits.max_event_bytes)"

@@ -4,20 +4,21 @@ Decided once, at start-up, from the config and the environment (policy; no I/O b
 reading certificate files):
 
 - **proxy**: an upstream's own ``proxy`` (a URL, or ``null`` for direct), else the
-  environment as curl and httpx read it: ``https_proxy`` / ``http_proxy`` by the
+  environment as curl and httpx2 read it: ``https_proxy`` / ``http_proxy`` by the
   upstream's scheme, then ``all_proxy`` (lower case first, then upper case), unless
   ``no_proxy`` names the host (``*``, a host, a domain and its subdomains with or
   without a leading dot, an IP address or a CIDR range; an optional ``:port``).
   HTTPS through an HTTP proxy is a ``CONNECT`` tunnel; credentials in the proxy URL
   go as ``Proxy-Authorization``, and are masked wherever the URL is shown.
-- **TLS**: ``tls.ca_file``, else ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else certifi's
-  bundle; ``tls.client_cert`` / ``client_key`` for mutual TLS; ``verify: false``
-  checks nothing (warned).
+- **TLS**: ``tls.ca_file``, else ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else the
+  operating system's trust store (OpenSSL's default CA file and directory, as httpx2
+  reads it; no certifi bundle); ``tls.client_cert`` / ``client_key`` for mutual TLS;
+  ``verify: false`` checks nothing (warned). The context is built here, for every
+  engine alike, from the environment read once at start-up.
 - **engine**: the gateway's own HTTP/1.1 transport (``transport.py``), directly or
   through an ``http://`` proxy, by far the cheapest per event (BENCHMARKS.md,
-  "Upstream HTTP engines"); httpx's own (httpcore) over HTTP/2 or through an
-  ``https://`` proxy; ``engine:`` forces one (``aiohttp``: httpx-aiohttp, installed
-  separately).
+  "Upstream HTTP engines"); httpx2's own (httpcore2) over HTTP/2 or through an
+  ``https://`` proxy; ``engine:`` forces one.
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpcore
-import httpx
+import httpcore2
+import httpx2
 from pydantic import SecretStr
 
 from gateway.config.schema import PROXY_SCHEMES, ConfigError, Limits, Tls, Upstream, mask_url
 from gateway.upstream.transport import KEEPALIVE_EXPIRY, Http1Transport
 
 logger = logging.getLogger("gateway.upstream")
+
+SYSTEM_STORE = "the system store"  # where the trusted CAs come from, by default
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,7 @@ class Reach:
     proxy: SecretStr | None  # the proxy URL (credentials and all), None: direct
     proxy_source: str  # "config", "HTTPS_PROXY"…, or why it is direct
     http2: bool
-    engine: str  # builtin, httpx or aiohttp
+    engine: str  # builtin or httpx
     ca: str  # where the trusted CAs come from
 
     def describe(self) -> str:
@@ -67,7 +70,7 @@ def reach_of(upstream: Upstream, env: Mapping[str, str] | None = None) -> Reach:
     env = os.environ if env is None else env
     proxy, source = _proxy(upstream, env)
     tls_proxy = proxy is not None and proxy.get_secret_value().startswith("https://")
-    # HTTP/2 is negotiated by TLS (ALPN), as httpx does it: an http:// upstream speaks 1.1.
+    # HTTP/2 is negotiated by TLS (ALPN), as httpx2 does it: an http:// upstream speaks 1.1.
     http2 = upstream.http2 and upstream.base_url.startswith("https://")
     engine = upstream.engine
     if engine == "auto":
@@ -156,7 +159,7 @@ def _ca_source(upstream: Upstream, env: Mapping[str, str]) -> str:
     for key in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
         if env.get(key):
             return f"{key}={env[key]}"
-    return "certifi"
+    return SYSTEM_STORE
 
 
 def check_reach(upstreams: Iterable[Upstream], env: Mapping[str, str] | None = None) -> None:
@@ -200,7 +203,7 @@ def _tls_context(upstream: Upstream, env: Mapping[str, str], *, warn: bool) -> s
             cafile=env.get("SSL_CERT_FILE") or None, capath=env.get("SSL_CERT_DIR") or None
         )
     else:
-        context = httpx.create_ssl_context(trust_env=False)  # certifi's bundle
+        context = _system_context(shared=False)
     if tls.client_cert is not None:
         context.load_cert_chain(tls.client_cert, tls.client_key)
     return context
@@ -208,11 +211,11 @@ def _tls_context(upstream: Upstream, env: Mapping[str, str], *, warn: bool) -> s
 
 def transports_for(
     upstreams: Iterable[Upstream], limits: Limits, env: Mapping[str, str] | None = None
-) -> dict[str, httpx.AsyncBaseTransport]:
+) -> dict[str, httpx2.AsyncBaseTransport]:
     """Each upstream's transport: one per way of reaching (engine, proxy, HTTP version,
     TLS settings), so upstreams on one provider share its pool and ``limits`` hold
     for them together, as for all the direct ones on the usual defaults."""
-    shared: dict[tuple[object, ...], httpx.AsyncBaseTransport] = {}
+    shared: dict[tuple[object, ...], httpx2.AsyncBaseTransport] = {}
     transports = {}
     for upstream in upstreams:
         reach = reach_of(upstream, env)
@@ -226,11 +229,11 @@ def transports_for(
 
 def transport_for(
     upstream: Upstream, limits: Limits, env: Mapping[str, str] | None = None
-) -> httpx.AsyncBaseTransport:
+) -> httpx2.AsyncBaseTransport:
     """The transport ``upstream``'s requests go through, as ``reach_of`` decides."""
     reach = reach_of(upstream, env)
-    if reach.engine == "builtin" and reach.ca == "certifi" and upstream.tls == Tls():
-        context = _certifi_context()  # the usual case: one context for all (read-only here)
+    if reach.engine == "builtin" and reach.ca == SYSTEM_STORE and upstream.tls == Tls():
+        context = _system_context()  # the usual case: one context for all (read-only here)
     else:
         context = tls_context(upstream, env)
     if reach.engine == "builtin":
@@ -238,18 +241,16 @@ def transport_for(
             tls=context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
-            proxy=None if reach.proxy is None else httpx.URL(reach.proxy.get_secret_value()),
+            proxy=None if reach.proxy is None else httpx2.URL(reach.proxy.get_secret_value()),
         )
-    pool = httpx.Limits(
+    pool = httpx2.Limits(
         max_connections=limits.max_connections,
         max_keepalive_connections=limits.max_keepalive_connections,
         keepalive_expiry=KEEPALIVE_EXPIRY,
     )
     proxy = None if reach.proxy is None else reach.proxy.get_secret_value()
-    if reach.engine == "aiohttp":
-        return _aiohttp_transport(context, pool, proxy)
     return HttpcoreErrors(
-        httpx.AsyncHTTPTransport(
+        httpx2.AsyncHTTPTransport(
             verify=context,
             http2=reach.http2,
             limits=pool,
@@ -259,27 +260,28 @@ def transport_for(
     )
 
 
-def _httpx_proxy(upstream: Upstream, url: str, env: Mapping[str, str] | None) -> httpx.Proxy:
+def _httpx_proxy(upstream: Upstream, url: str, env: Mapping[str, str] | None) -> httpx2.Proxy:
     if url.startswith("https://"):  # its own certificate is checked as the upstream's
-        return httpx.Proxy(url, ssl_context=tls_context(upstream, env))
-    return httpx.Proxy(url)
+        return httpx2.Proxy(url, ssl_context=tls_context(upstream, env))
+    return httpx2.Proxy(url)
 
 
-class HttpcoreErrors(httpx.AsyncBaseTransport):
-    """httpx's transport, with what httpcore lets through as httpx's errors: a GOAWAY
-    received on a connection's later stream raises ``httpcore.ConnectionNotAvailable``
-    (httpcore 1.0, encode/httpcore#733), which httpx does not map; it is a connection
-    the server ended, a ``RemoteProtocolError`` (section 3: an interruption)."""
+class HttpcoreErrors(httpx2.AsyncBaseTransport):
+    """httpx2's transport, with what httpcore2 lets through as httpx2's errors: a GOAWAY
+    received on a connection's later stream raises ``httpcore2.ConnectionNotAvailable``
+    (as in httpcore 1.0, encode/httpcore#733; still so in httpcore2 2.16), which httpx2's
+    error map leaves out; it is a connection the server ended, a ``RemoteProtocolError``
+    (section 3: an interruption)."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+    def __init__(self, transport: httpx2.AsyncBaseTransport) -> None:
         self._transport = transport
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         try:
             response = await self._transport.handle_async_request(request)
-        except httpcore.ConnectionNotAvailable as exc:
-            raise httpx.RemoteProtocolError(str(exc) or "connection not available") from None
-        assert isinstance(response.stream, httpx.AsyncByteStream)
+        except httpcore2.ConnectionNotAvailable as exc:
+            raise httpx2.RemoteProtocolError(str(exc) or "connection not available") from None
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
         response.stream = _MappedStream(response.stream)
         return response
 
@@ -287,39 +289,30 @@ class HttpcoreErrors(httpx.AsyncBaseTransport):
         await self._transport.aclose()
 
 
-class _MappedStream(httpx.AsyncByteStream):
-    def __init__(self, stream: httpx.AsyncByteStream) -> None:
+class _MappedStream(httpx2.AsyncByteStream):
+    def __init__(self, stream: httpx2.AsyncByteStream) -> None:
         self._stream = stream
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._stream:
                 yield chunk
-        except httpcore.ConnectionNotAvailable as exc:
-            raise httpx.RemoteProtocolError(str(exc) or "connection not available") from None
+        except httpcore2.ConnectionNotAvailable as exc:
+            raise httpx2.RemoteProtocolError(str(exc) or "connection not available") from None
 
     async def aclose(self) -> None:
         await self._stream.aclose()
 
 
+def _system_context(*, shared: bool = True) -> ssl.SSLContext:
+    """The operating system's trust store (httpx2's default, the environment left out:
+    ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` were read above, once). ``shared``: the one
+    context every default upstream uses (never changed after it is made)."""
+    if shared:
+        return _shared_system_context()
+    return httpx2.create_ssl_context(trust_env=False)
+
+
 @functools.cache
-def _certifi_context() -> ssl.SSLContext:
-    return httpx.create_ssl_context(trust_env=False)
-
-
-def _aiohttp_transport(
-    context: ssl.SSLContext, pool: httpx.Limits, proxy: str | None
-) -> httpx.AsyncBaseTransport:
-    try:
-        from httpx_aiohttp import AiohttpTransport
-    except ImportError:
-        raise RuntimeError(
-            "engine: aiohttp needs the httpx-aiohttp package (pip install httpx-aiohttp)"
-        ) from None
-    transport: httpx.AsyncBaseTransport = AiohttpTransport(
-        verify=context,
-        limits=pool,
-        trust_env=False,
-        proxy=None if proxy is None else httpx.Proxy(proxy),
-    )
-    return transport
+def _shared_system_context() -> ssl.SSLContext:
+    return httpx2.create_ssl_context(trust_env=False)

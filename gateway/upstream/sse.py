@@ -10,14 +10,14 @@ mean nothing to a chat-completion stream and are ignored.
 It works on bytes, not text: line ends are ASCII and never occur inside a UTF-8
 sequence, so a character split across reads is whole again in its event, and the
 payload goes to orjson (which checks the UTF-8) and, unchanged, to the client.
-``tests/upstream/test_sse.py`` checks it against httpx-sse's decoder, which it
-replaces on the hot path: httpx-sse reads through httpx's text decoding, a
-generator layer per step that cost more than the whole decoder here.
+``tests/upstream/test_sse.py`` checks it against httpx2's own SSE reader (httpx-sse's,
+taken into httpx2), which it replaces on the hot path: that reads through httpx2's
+text decoding, a generator layer per step that cost more than the whole decoder here.
 
 What it holds between reads is bounded: the line not ended yet and the data of the
 event in progress, together at most ``max_event_bytes`` (``limits.max_event_bytes``)
 plus one read. An upstream that goes past it (a line without an end, an event
-without a blank line) gets ``EventTooLarge``, an ``httpx.RemoteProtocolError``:
+without a blank line) gets ``EventTooLarge``, an ``httpx2.RemoteProtocolError``:
 the run treats it as a broken stream and recovers, and the buffer is let go.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import httpx
+import httpx2
 
 from gateway.errors import UpstreamFailure
 
@@ -33,7 +33,7 @@ BOM = b"\xef\xbb\xbf"
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # the default of limits.max_event_bytes
 
 
-class EventTooLarge(httpx.RemoteProtocolError):
+class EventTooLarge(httpx2.RemoteProtocolError):
     """An upstream line or event outgrew ``max_event_bytes``: the stream is broken."""
 
 
@@ -114,8 +114,8 @@ class SSEDecoder:
 
 
 def event_stream(
-    response: httpx.Response, media_type: str = "text/event-stream"
-) -> httpx.AsyncByteStream:
+    response: httpx2.Response, media_type: str = "text/event-stream"
+) -> httpx2.AsyncByteStream:
     """The body of a streaming answer, after checking that it is an event stream (or
     ``media_type``: Bedrock's AWS event stream)."""
     content_type = response.headers.get("content-type", "").partition(";")[0].strip()
@@ -126,12 +126,12 @@ def event_stream(
             code="upstream_bad_response",
         )
     body = response.stream
-    assert isinstance(body, httpx.AsyncByteStream)
+    assert isinstance(body, httpx2.AsyncByteStream)
     return body
 
 
 async def aiter_data(
-    response: httpx.Response, max_event_bytes: int = MAX_EVENT_BYTES
+    response: httpx2.Response, max_event_bytes: int = MAX_EVENT_BYTES
 ) -> AsyncIterator[bytes]:
     """Yield the ``data`` of each event; events without data (pings) are skipped."""
     decoder = SSEDecoder(max_event_bytes)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
-import httpx
+import httpx2
 
 from gateway.errors import InvalidRequest
 
@@ -85,7 +85,7 @@ def run_query(query: bytes) -> str:
     return "?" + "&".join(kept) if any(kept) else ""
 
 
-def upstream_url(root: httpx.URL, target: str) -> httpx.URL:
+def upstream_url(root: httpx2.URL, target: str) -> httpx2.URL:
     """``target`` (from ``relay_target`` or a constant) under ``root``, same authority."""
     base = root.raw_path.split(b"?", 1)[0].rstrip(b"/")
     url = root.copy_with(raw_path=base + target.encode("ascii"))

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
+import httpx2
 
 from gateway.upstream.connection import Connection, Origin
 
@@ -44,7 +44,7 @@ MAX_TUNNEL_HEAD = 64 * 1024  # a proxy's answer to CONNECT, at most
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 
 
-class Http1Transport(httpx.AsyncBaseTransport):
+class Http1Transport(httpx2.AsyncBaseTransport):
     def __init__(
         self,
         *,
@@ -52,7 +52,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         max_connections: int,
         max_keepalive_connections: int,
         keepalive_expiry: float = KEEPALIVE_EXPIRY,
-        proxy: httpx.URL | None = None,
+        proxy: httpx2.URL | None = None,
     ) -> None:
         """``proxy``: an ``http://`` forward proxy every connection goes through: a
         ``CONNECT`` tunnel for an https origin, absolute-form requests for an http one;
@@ -70,7 +70,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._idle: dict[Origin, deque[Connection]] = {}  # oldest first
         self._open: set[Connection] = set()
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         url = request.url
         origin = self._origin(url)
         # Through a proxy, an http origin is asked in absolute form, with the credentials.
@@ -81,7 +81,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             origin, request.method, head + body, request.extensions.get("timeout", {})
         )
 
-    def target(self, method: str, url: httpx.URL) -> Target:
+    def target(self, method: str, url: httpx2.URL) -> Target:
         """What ``request`` needs of ``method`` and ``url``, worked out once (the gateway
         keeps one per upstream and path): the origin, the request line and ``Host``."""
         origin = self._origin(url)
@@ -97,8 +97,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         headers: Mapping[str, str],
         content: bytes,
         timeouts: Mapping[str, float | None],
-    ) -> httpx.Response:
-        """``handle_async_request`` without an ``httpx.Request``: the head goes from
+    ) -> httpx2.Response:
+        """``handle_async_request`` without an ``httpx2.Request``: the head goes from
         ``target`` and ``headers`` straight to bytes (building the request and its
         ``Headers`` cost a request start more than the rest of the engine)."""
         lines = [target.start]
@@ -107,27 +107,27 @@ class Http1Transport(httpx.AsyncBaseTransport):
         for name, value in headers.items():
             raw = value.encode("latin-1")  # what a header can carry (a client's, unchanged)
             if b"\r" in raw or b"\n" in raw or b"\0" in raw:  # would end the line: smuggling
-                raise httpx.LocalProtocolError(f"Illegal character in header {name!r}.")
+                raise httpx2.LocalProtocolError(f"Illegal character in header {name!r}.")
             lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), raw))
         lines.append(b"Content-Length: %d\r\n\r\n" % len(content))
         lines.append(content)
         return await self._send(target.origin, target.method, b"".join(lines), timeouts)
 
-    def _origin(self, url: httpx.URL) -> Origin:
+    def _origin(self, url: httpx2.URL) -> Origin:
         scheme = url.raw_scheme
         if scheme not in _DEFAULT_PORTS:
-            raise httpx.UnsupportedProtocol(f"Unsupported URL scheme {url.scheme!r}.")
+            raise httpx2.UnsupportedProtocol(f"Unsupported URL scheme {url.scheme!r}.")
         return (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
 
     async def _send(
         self, origin: Origin, method: str, data: bytes, timeouts: Mapping[str, float | None]
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         if self._slots.locked():  # a wait, with its own deadline, only when there is one
             try:
                 async with asyncio.timeout(timeouts.get("pool")):
                     await self._slots.acquire()
             except TimeoutError:
-                raise httpx.PoolTimeout(
+                raise httpx2.PoolTimeout(
                     "No upstream connection slot became free in time."
                 ) from None
         else:
@@ -162,9 +162,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
                     self._open_connection(connection, origin), context=contextvars.Context()
                 )
         except TimeoutError:
-            raise httpx.ConnectTimeout("Timed out connecting to the upstream.") from None
+            raise httpx2.ConnectTimeout("Timed out connecting to the upstream.") from None
         except OSError as exc:  # refused, unreachable, DNS, TLS (ssl.SSLError)
-            raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+            raise httpx2.ConnectError(str(exc) or type(exc).__name__) from None
         self._open.add(connection)
         return connection
 
@@ -193,7 +193,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             transport.write(b"".join(lines) + b"\r\n")
             status = await tunnel.established
             if not 200 <= status < 300 or tunnel.garbled:
-                raise httpx.ProxyError(f"The proxy refused the tunnel ({status}).")
+                raise httpx2.ProxyError(f"The proxy refused the tunnel ({status}).")
             secured = await loop.start_tls(transport, connection, tls, server_hostname=host)
         except BaseException:
             transport.abort()
@@ -235,7 +235,7 @@ class Target:
     host: bytes
 
 
-def _request_line(method: bytes, url: httpx.URL, *, absolute: bool) -> bytes:
+def _request_line(method: bytes, url: httpx2.URL, *, absolute: bool) -> bytes:
     target = url.raw_path
     if absolute:  # to a forward proxy: the whole URL
         target = b"%s://%s%s" % (url.raw_scheme, url.netloc, url.raw_path)
@@ -243,7 +243,7 @@ def _request_line(method: bytes, url: httpx.URL, *, absolute: bool) -> bytes:
 
 
 def _head(
-    request: httpx.Request, proxy_authorization: bytes | None = None, *, absolute: bool = False
+    request: httpx2.Request, proxy_authorization: bytes | None = None, *, absolute: bool = False
 ) -> bytes:
     lines = [_request_line(request.method.encode("ascii"), request.url, absolute=absolute)]
     if proxy_authorization is not None:
@@ -251,7 +251,7 @@ def _head(
     for name, value in request.headers.raw:
         # httpx checks names; a value must not end the header line (request smuggling).
         if b"\r" in value or b"\n" in value or b"\0" in value:
-            raise httpx.LocalProtocolError(f"Illegal character in header {name.decode()!r}.")
+            raise httpx2.LocalProtocolError(f"Illegal character in header {name.decode()!r}.")
         lines.append(b"%s: %s\r\n" % (name, value))
     lines.append(b"\r\n")
     return b"".join(lines)
@@ -281,5 +281,5 @@ class _Tunnel(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.established.done():
             self.established.set_exception(
-                httpx.ProxyError("The proxy closed the connection before the tunnel was up.")
+                httpx2.ProxyError("The proxy closed the connection before the tunnel was up.")
             )

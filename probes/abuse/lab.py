@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 
 from bench.procs import free_ports, http_ok, spawned, wait_ready
@@ -67,8 +67,8 @@ class Gateway:
 
     def alive(self) -> bool:
         try:
-            return httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5).status_code == 200
+        except httpx2.HTTPError:
             return False
 
     def log_lines(self, offset: int = 0) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ class Lab:
 
     def chaos_requests(self) -> list[dict[str, Any]]:
         url = f"http://127.0.0.1:{self.chaos_port}/_chaos/requests"
-        recorded = orjson.loads(httpx.get(url, timeout=10).content)
+        recorded = orjson.loads(httpx2.get(url, timeout=10).content)
         assert isinstance(recorded, list)
         return recorded
 

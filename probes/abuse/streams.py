@@ -8,7 +8,7 @@ import socket
 import time
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 
 from probes.abuse.inbound import AUTH, openai_error
@@ -348,7 +348,7 @@ def probe_key_echo(lab: Lab) -> ProbeResult:
             result.check(error is not None, f"{what}: no error reached the client")
             if status is not None:
                 result.check(response.status == status, f"{what}: {response.outcome}")
-        metrics = httpx.get(f"http://127.0.0.1:{gateway.port}/metrics", timeout=10).content
+        metrics = httpx2.get(f"http://127.0.0.1:{gateway.port}/metrics", timeout=10).content
         # Every gateway this run started, each probe's included (8 runs last).
         in_logs = [gw.name for gw in lab.started if secret in gw.log.read_bytes()]
     result.check(secret not in metrics, "the key is in /metrics")

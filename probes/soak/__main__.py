@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
@@ -490,8 +490,8 @@ def scrape(replicas: list[Replica]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = collections.defaultdict(dict)
     for replica in replicas:
         try:
-            text = httpx.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
-        except httpx.HTTPError:
+            text = httpx2.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
+        except httpx2.HTTPError:
             continue
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

@@ -8,7 +8,7 @@ import socket
 import time
 from collections.abc import Iterable
 
-import httpx
+import httpx2
 import orjson
 import pytest
 
@@ -92,7 +92,7 @@ def test_a_client_that_reads_nothing_for_the_send_timeout_is_disconnected_and_ca
             assert not received.endswith(b"\r\n0\r\n\r\n")
             assert received.count(DELTA.encode()) < DELTAS // 2
             # The run went on without it, to the end; its client resumes it whole.
-            rest = httpx.get(
+            rest = httpx2.get(
                 f"{gateway.base_url}/runs/{run_id}/events",
                 headers={"last-event-id": "0"},
                 timeout=30,

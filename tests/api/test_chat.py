@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-import httpx
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
@@ -93,7 +93,7 @@ def test_non_stream_assembles_the_completion(client: OpenAI, chaos: ChaosUpstrea
 
 
 def test_run_id_header_is_returned(gateway: RunningGateway) -> None:
-    response = httpx.post(
+    response = httpx2.post(
         gateway.base_url + "/chat/completions",
         json={"model": "chaos:text=3", "messages": MESSAGES, "stream": True},
     )
@@ -121,7 +121,7 @@ def test_broken_stream_ends_with_an_error_the_sdk_raises(client: OpenAI, fault: 
 
 
 def test_in_band_error_after_done_is_still_an_error(gateway: RunningGateway) -> None:
-    response = httpx.post(
+    response = httpx2.post(
         gateway.base_url + "/chat/completions",
         json={"model": "chaos:text=8,fault=error_done,at=4", "messages": MESSAGES, "stream": True},
     )
@@ -136,7 +136,7 @@ def test_client_disconnect_closes_the_upstream_once_the_detach_grace_ends() -> N
     with running_chaos_upstream() as chaos:
         config = gateway_config(chaos.base_url, state={"detach_grace": 0.5})
         with running_gateway(config) as gateway:
-            with httpx.stream(
+            with httpx2.stream(
                 "POST", gateway.base_url + "/chat/completions", json=body
             ) as response:
                 lines = response.iter_lines()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import httpx2
 from openai import AsyncOpenAI
 
 from gateway.chaos import expected_answer
@@ -34,5 +34,5 @@ def test_200_concurrent_paced_streams_complete_exactly(gateway: RunningGateway) 
 
     texts = asyncio.run(main())
     assert texts == [expected_answer(m).text for m in models]
-    text = httpx.get(gateway.url + "/metrics").text
+    text = httpx2.get(gateway.url + "/metrics").text
     assert f'gateway_requests_total{{method="POST",route="*",status="200"}} {STREAMS}.0' in text

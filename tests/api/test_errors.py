@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
@@ -16,7 +16,7 @@ from tests.servers import RunningGateway, free_port, gateway_config, running_gat
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:
+def assert_openai_error(response: httpx2.Response, status: int, code: str | None = None) -> None:
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert isinstance(error["message"], str) and error["message"]
@@ -26,8 +26,8 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
     assert "Traceback" not in response.text
 
 
-def post(gateway: RunningGateway, content: Any = None, **kwargs: Any) -> httpx.Response:
-    return httpx.post(gateway.base_url + "/chat/completions", content=content, **kwargs)
+def post(gateway: RunningGateway, content: Any = None, **kwargs: Any) -> httpx2.Response:
+    return httpx2.post(gateway.base_url + "/chat/completions", content=content, **kwargs)
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"", b"\xff\xfe", b'{"model": "m"'])
@@ -80,7 +80,7 @@ def test_upstream_4xx_passes_through_unchanged(
     gateway: RunningGateway, chaos: ChaosUpstream, fault: str, status: int
 ) -> None:
     body = {"model": f"chaos:fault={fault}", "messages": MESSAGES, "stream": True}
-    direct = httpx.post(chaos.base_url + "/chat/completions", json=body)
+    direct = httpx2.post(chaos.base_url + "/chat/completions", json=body)
     through = post(gateway, json=body)
     assert (through.status_code, through.content) == (status, direct.content)
     assert len(chaos.requests) == 2  # one each: 4xx are never retried
@@ -97,7 +97,7 @@ def test_upstream_without_first_byte_in_time_is_504(chaos: ChaosUpstream) -> Non
     with running_gateway(config) as gateway:
         response = post(gateway, json={"model": "chaos:first_byte_ms=2000", "messages": MESSAGES})
         assert_openai_error(response, 504, "upstream_timeout")
-        assert httpx.get(gateway.url + "/healthz").status_code == 200
+        assert httpx2.get(gateway.url + "/healthz").status_code == 200
 
 
 def test_reset_before_the_response_is_502(gateway: RunningGateway) -> None:
@@ -106,8 +106,8 @@ def test_reset_before_the_response_is_502(gateway: RunningGateway) -> None:
 
 
 def test_unknown_path_and_wrong_method_are_openai_shaped(gateway: RunningGateway) -> None:
-    assert_openai_error(httpx.get(gateway.url + "/nope"), 404)
-    assert_openai_error(httpx.post(gateway.url + "/healthz"), 405)
+    assert_openai_error(httpx2.get(gateway.url + "/nope"), 404)
+    assert_openai_error(httpx2.post(gateway.url + "/healthz"), 405)
 
 
 class TestGatewayKeys:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import httpx
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
@@ -63,7 +63,7 @@ def test_a_line_over_the_limit_is_recovered_like_a_broken_stream() -> None:
             # The gateway hung up once the line passed the limit: it did not read it all.
             assert upstream.sent[0] < HUGE // 4
             # …and it is still up, and serves the next request.
-            assert httpx.get(gateway.url + "/healthz").status_code == 200
+            assert httpx2.get(gateway.url + "/healthz").status_code == 200
             assert stream_chat(client, "m").finish_reasons == ["stop"]
 
 
@@ -86,4 +86,4 @@ def test_a_line_over_the_limit_every_time_ends_with_a_clean_in_band_error() -> N
             assert received.finish_reasons == []
             assert len(upstream.requests) == 2
             assert all(sent < HUGE // 4 for sent in upstream.sent)
-            assert httpx.get(gateway.url + "/healthz").status_code == 200
+            assert httpx2.get(gateway.url + "/healthz").status_code == 200

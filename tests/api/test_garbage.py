@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import pytest
 from openai import OpenAI
 
@@ -91,7 +91,7 @@ def test_a_run_whose_client_left_is_freed_when_cancelled(chaos: ChaosUpstream) -
     with running_gateway(config) as gateway:
         body = {"model": "chaos:text=200,seed=46,pace_ms=20", "messages": MESSAGES, "stream": True}
         url = gateway.base_url + "/chat/completions"
-        with httpx.stream("POST", url, json=body, headers={"authorization": "Bearer k"}) as r:
+        with httpx2.stream("POST", url, json=body, headers={"authorization": "Bearer k"}) as r:
             for line in r.iter_lines():
                 if '"content"' in line:
                     break

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
@@ -131,14 +131,14 @@ def test_first_event_timeout_fires_after_headers(headers_then_silence: str) -> N
 
 def test_broken_pass_through_event_stream_ends_with_an_error(gateway: RunningGateway) -> None:
     body = {"model": "chaos:text=20,fault=reset,at=5", "prompt": "x", "stream": True}
-    response = httpx.post(gateway.base_url + "/completions", json=body)
+    response = httpx2.post(gateway.base_url + "/completions", json=body)
     lines = [line for line in response.text.splitlines() if line]
     assert '"error"' in lines[-1]
     assert "[DONE]" not in response.text
 
 
 def test_query_reaches_the_upstream(gateway: RunningGateway, chaos: ChaosUpstream) -> None:
-    httpx.get(gateway.base_url + "/files?purpose=batch&limit=2")
+    httpx2.get(gateway.base_url + "/files?purpose=batch&limit=2")
     assert (chaos.requests[-1].path, chaos.requests[-1].query) == (
         "/v1/files",
         "purpose=batch&limit=2",
@@ -148,7 +148,7 @@ def test_query_reaches_the_upstream(gateway: RunningGateway, chaos: ChaosUpstrea
 def test_upstream_is_not_offered_compression_the_client_did_not_offer(
     gateway: RunningGateway, chaos: ChaosUpstream
 ) -> None:
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         del client.headers["accept-encoding"]
         client.post(gateway.base_url + "/embeddings", json={"model": "chaos", "input": "x"})
     assert chaos.requests[-1].headers["accept-encoding"] == "identity"

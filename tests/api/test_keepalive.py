@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import pytest
 from openai import OpenAI
 
@@ -30,7 +30,7 @@ def test_a_recovery_wait_sends_keepalive_comments_and_the_answer_stays_exact(
     slow: RunningGateway,
 ) -> None:
     body = {"model": MODEL.replace("seed=61", "seed=62"), "messages": MESSAGES, "stream": True}
-    with httpx.stream("POST", slow.base_url + "/chat/completions", json=body) as response:
+    with httpx2.stream("POST", slow.base_url + "/chat/completions", json=body) as response:
         raw = response.read()
     assert raw.count(b": keepalive\n\n") >= 3
     # Only between events, never inside one; the SDK ignores them.
@@ -43,13 +43,13 @@ def test_a_recovery_wait_sends_keepalive_comments_and_the_answer_stays_exact(
 def test_a_stream_with_event_ids_never_gets_a_keepalive(slow: RunningGateway) -> None:
     model = MODEL.replace("seed=61", "seed=63")
     body = {"model": model, "messages": MESSAGES, "stream": True}
-    with httpx.stream("POST", slow.base_url + "/chat/completions", json=body) as response:
+    with httpx2.stream("POST", slow.base_url + "/chat/completions", json=body) as response:
         run_id = response.headers["x-run-id"]
         for line in response.iter_lines():
             if line.startswith("data: "):
                 break  # leave after the first event: the run goes on, detached
     url = f"{slow.base_url}/runs/{run_id}/events?after=1"
-    with httpx.stream("GET", url) as response:
+    with httpx2.stream("GET", url) as response:
         events = events_of(response)  # fails on any comment line
     assert events[-1][1] == "[DONE]"
     assert text_of(events) == expected_answer(model).text

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx
+import httpx2
 import orjson
 import pytest
 from anthropic.types import MessageParam
@@ -68,7 +68,7 @@ def raw_events(gateway: RunningGateway, body: dict[str, Any], **headers: str) ->
     """The client's events as (type, data), each frame checked: ``event:`` names its type."""
     body = {"max_tokens": 1024, "messages": ASK, "stream": True} | body
     headers = {"x-api-key": "k"} | headers
-    with httpx.Client(base_url=gateway.url, timeout=15) as http:
+    with httpx2.Client(base_url=gateway.url, timeout=15) as http:
         raw = http.post("/v1/messages", json=body, headers=headers).content
     return parse(raw)
 
@@ -328,7 +328,7 @@ def test_overloaded_on_every_attempt_is_passed_through_not_to_be_retried(
 
 
 def test_gateway_errors_are_anthropic_shaped(recovering: RunningGateway) -> None:
-    with httpx.Client(base_url=recovering.url, timeout=5) as http:
+    with httpx2.Client(base_url=recovering.url, timeout=5) as http:
         bad_json = http.post("/v1/messages", content=b"{nope", headers={"x-api-key": "k"})
         no_model = http.post("/v1/messages", json={"messages": ASK}, headers={"x-api-key": "k"})
     assert bad_json.status_code == 400
@@ -345,7 +345,7 @@ def test_recovery_waits_send_ping_events(chaos: ChaosUpstream) -> None:
     with running_gateway(settings) as gateway:
         body = {"model": "chaos:text=20,seed=65,fault=reset,at=6,times=1", "max_tokens": 10,
                 "messages": ASK, "stream": True}  # fmt: skip
-        with httpx.Client(base_url=gateway.url, timeout=15) as http:
+        with httpx2.Client(base_url=gateway.url, timeout=15) as http:
             raw = http.post("/v1/messages", json=body, headers={"x-api-key": "k"}).content
     assert PING in raw  # the protocol's own keepalive, never a comment
     assert b"\n: keepalive" not in raw and not raw.startswith(b":")
@@ -355,7 +355,7 @@ def test_recovery_waits_send_ping_events(chaos: ChaosUpstream) -> None:
 def test_gateway_keys_are_accepted_as_x_api_key(chaos: ChaosUpstream) -> None:
     with running_gateway(config(chaos, auth={"keys": ["gw-key-123456"]})) as gateway:
         body = {"model": "chaos:text=3", "max_tokens": 5, "messages": ASK}
-        with httpx.Client(base_url=gateway.url, timeout=5) as http:
+        with httpx2.Client(base_url=gateway.url, timeout=5) as http:
             good = http.post("/v1/messages", json=body, headers={"x-api-key": "gw-key-123456"})
             bad = http.post("/v1/messages", json=body, headers={"x-api-key": "nope"})
         # The SDK sends its key as a bearer token: accepted too.
@@ -371,7 +371,7 @@ def test_gateway_keys_are_accepted_as_x_api_key(chaos: ChaosUpstream) -> None:
 def test_resume_by_run_id_gives_exactly_the_rest(recovering: RunningGateway) -> None:
     model = "chaos:text=40,seed=66,pace_ms=20"
     body = {"model": model, "max_tokens": 1024, "messages": ASK, "stream": True}
-    with httpx.Client(base_url=recovering.url, timeout=15) as http:
+    with httpx2.Client(base_url=recovering.url, timeout=15) as http:
         with http.stream("POST", "/v1/messages", json=body, headers={"x-api-key": "k"}) as r:
             run_id = r.headers["x-run-id"]
             raw = b""
@@ -436,7 +436,7 @@ def test_an_anthropic_clients_other_requests_never_reach_the_openai_upstream(
         chaos.requests.clear()
         with running_gateway(settings) as gateway:
             key = {"x-api-key": "sk-ant-secret", "anthropic-version": "2023-06-01"}
-            with httpx.Client(base_url=gateway.url, timeout=5) as http:
+            with httpx2.Client(base_url=gateway.url, timeout=5) as http:
                 models = http.get("/v1/models", headers=key)
                 http.post("/v1/messages/count_tokens", json={"model": "m", "messages": ASK},
                           headers=key)  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import httpx
+import httpx2
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream
@@ -36,21 +36,21 @@ def test_models_include_routes_that_name_one_model(chaos: ChaosUpstream) -> None
         {"match": "*", "upstream": "chaos"},
     ]
     with running_gateway(gateway_config(chaos.base_url, routes=routes)) as gateway:
-        ids = [m["id"] for m in httpx.get(gateway.base_url + "/models").json()["data"]]
+        ids = [m["id"] for m in httpx2.get(gateway.base_url + "/models").json()["data"]]
     assert ids == ["chaos", "house-model"]
 
 
 def test_percent_encoded_path_is_relayed_normalised(
     gateway: RunningGateway, chaos: ChaosUpstream
 ) -> None:
-    httpx.get(gateway.base_url + "/files/caf%c3%a9%7E?x=1")
+    httpx2.get(gateway.base_url + "/files/caf%c3%a9%7E?x=1")
     assert (chaos.requests[-1].path, chaos.requests[-1].query) == ("/v1/files/caf%C3%A9~", "x=1")
 
 
 def test_an_encoded_slash_is_refused_with_an_openai_error(
     gateway: RunningGateway, chaos: ChaosUpstream
 ) -> None:
-    response = httpx.get(gateway.base_url + "/files/a%2Fb")
+    response = httpx2.get(gateway.base_url + "/files/a%2Fb")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_path"
     assert chaos.requests == []

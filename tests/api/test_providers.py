@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
+import httpx2
 import pytest
 from openai import OpenAI
 
@@ -170,7 +170,7 @@ def gpt(gateway: RunningGateway) -> OpenAI:
 
 def raw_messages(gateway: RunningGateway, model: str) -> list[dict[str, Any]]:
     body = {"model": model, "max_tokens": 1024, "messages": ASK, "stream": True}
-    with httpx.Client(base_url=gateway.url, timeout=15) as http:
+    with httpx2.Client(base_url=gateway.url, timeout=15) as http:
         raw = http.post("/v1/messages", json=body, headers={"x-api-key": "client-key"})
     return parse(raw.content)
 
@@ -345,7 +345,7 @@ def test_a_wrong_aws_secret_is_a_clear_403_that_names_no_credential(
     with (
         caplog.at_level(logging.DEBUG),
         running_gateway(config(chaos, "bedrock")) as gateway,
-        httpx.Client(base_url=gateway.url, timeout=10) as http,
+        httpx2.Client(base_url=gateway.url, timeout=10) as http,
     ):
         response = http.post(
             "/v1/messages",
@@ -436,7 +436,7 @@ def test_pass_through_paths_are_not_sent_to_a_clouds_messages_door(
     gateways: dict[str, RunningGateway], chaos: ChaosUpstream
 ) -> None:
     seen = len(chaos.requests)
-    with httpx.Client(base_url=gateways["bedrock"].url, timeout=10) as http:
+    with httpx2.Client(base_url=gateways["bedrock"].url, timeout=10) as http:
         counted = http.post(
             "/v1/messages/count_tokens",
             json={"model": "chaos:text=3", "messages": ASK},
@@ -487,7 +487,7 @@ def test_a_bad_frame_is_a_broken_stream_not_a_crash() -> None:
 
     frame = bytearray(chunk_frame(b'{"type":"ping"}'))
     frame[-1] ^= 0xFF  # the message CRC no longer matches
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(httpx2.RemoteProtocolError):
         EventStreamDecoder().feed(bytes(frame))
 
 

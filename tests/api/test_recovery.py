@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 from hypothesis import given, settings
@@ -335,7 +335,7 @@ def test_cancellation_during_backoff_ends_the_run_at_once(chaos: ChaosUpstream) 
     cfg = config(chaos, route={"retry": slow}, state={"detach_grace": 0})
     with running_gateway(cfg) as gw:
         chaos.requests.clear()
-        with httpx.stream("POST", gw.base_url + "/chat/completions", json=body) as response:
+        with httpx2.stream("POST", gw.base_url + "/chat/completions", json=body) as response:
             for line in response.iter_lines():
                 if '"content"' in line and len(chaos.requests) == 1:
                     break

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import httpx
+import httpx2
 import orjson
 import pytest
 from openai import OpenAI
@@ -221,7 +221,7 @@ def test_create_stream_true_keeps_the_contract(sdk: OpenAI) -> None:
 def test_raw_events_are_one_type_each_and_usage_is_summed(recovering: RunningGateway) -> None:
     model = "chaos:text=20,seed=25,fault=reset,at=8,times=1"
     body = {"model": model, "input": "x", "stream": True}
-    with httpx.Client(base_url=recovering.base_url, timeout=10) as http:
+    with httpx2.Client(base_url=recovering.base_url, timeout=10) as http:
         raw = http.post("/responses", json=body, headers={"authorization": "Bearer k"}).content
     events = [e for e in raw.split(b"\n\n") if e]
     for number, event in enumerate(events):
@@ -306,7 +306,7 @@ def test_resume_by_run_id_and_by_the_runs_endpoint(recovering: RunningGateway) -
     model = "chaos:text=40,seed=29,pace_ms=20"
     run_id, _, first = _first_events(recovering, model, 10)
     headers = {"authorization": "Bearer k"}
-    with httpx.Client(base_url=recovering.base_url, timeout=10, headers=headers) as http:
+    with httpx2.Client(base_url=recovering.base_url, timeout=10, headers=headers) as http:
         resumed = http.post(
             "/responses",
             json={"model": model, "input": "x", "stream": True},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -56,7 +56,7 @@ def gateway_url() -> Iterable[str]:
 def test_an_upstream_error_that_echoes_the_key_is_scrubbed(
     gateway_url: str, method: str, path: str, body: object
 ) -> None:
-    response = httpx.request(
+    response = httpx2.request(
         method, gateway_url + path, json=body, headers={"authorization": "Bearer gw-key"}
     )
     assert response.status_code == 401

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
@@ -247,7 +247,7 @@ def start_and_leave(gateway: RunningGateway, protocol: str, model: str, tp: Trac
     body = {"model": model, field: asked, "stream": True, "max_tokens": 1000}
     headers = {"authorization": f"Bearer {CLIENT_KEY}", "traceparent": tp.header}
     url = gateway.base_url + PATHS[protocol]
-    with httpx.stream("POST", url, json=body, headers=headers, timeout=10) as response:
+    with httpx2.stream("POST", url, json=body, headers=headers, timeout=10) as response:
         assert response.status_code == 200
         events = 0
         for line in response.iter_lines():
@@ -281,7 +281,7 @@ def test_a_takeover_is_a_run_span_in_the_resuming_clients_trace_linked_to_the_fi
             "last-event-id": "6",
             "traceparent": resume_call.header,
         }
-        rest = httpx.get(f"{gateway.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
+        rest = httpx2.get(f"{gateway.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
         assert rest.status_code == 200 and "data:" in rest.text
         spans = receiver.trace(first_call.trace_id, runs=2)
         [resume] = receiver.resumes(run_id)
@@ -322,7 +322,7 @@ def test_a_resume_is_a_span_in_the_resuming_clients_trace_linked_to_the_run(
     headers = {"authorization": f"Bearer {CLIENT_KEY}", "last-event-id": "6"}
     if in_trace:
         headers["traceparent"] = resume_call.header
-    rest = httpx.get(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
+    rest = httpx2.get(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
     assert rest.status_code == 200 and rest.text.rstrip().endswith("data: [DONE]")
     run = run_span(receiver.trace(first_call.trace_id))
     [resume] = receiver.resumes(run_id)
@@ -350,13 +350,13 @@ def test_a_head_is_not_a_resume_it_claims_nothing(chaos: ChaosUpstream, receiver
         wait_for(lambda: gateway.metrics.registry.get_sample_value(cancelled) == 1)
         headers = {"authorization": f"Bearer {CLIENT_KEY}", "last-event-id": "6"}
         url = f"{gateway.base_url}/runs/{run_id}/events"
-        head = httpx.head(url, headers=headers, timeout=10)
+        head = httpx2.head(url, headers=headers, timeout=10)
         assert head.status_code == 200 and head.content == b""
-        assert httpx.head(url + "x", headers=headers, timeout=10).status_code == 404
+        assert httpx2.head(url + "x", headers=headers, timeout=10).status_code == 404
         taken = {"kind": "takeover", "outcome": "ok"}
         assert not gateway.metrics.registry.get_sample_value("gateway_resumes_total", taken)
         assert len(chaos.requests_for(model)) == 1
-        rest = httpx.get(url, headers=headers, timeout=10)
+        rest = httpx2.get(url, headers=headers, timeout=10)
         assert rest.status_code == 200 and rest.text.rstrip().endswith("data: [DONE]")
         assert gateway.metrics.registry.get_sample_value("gateway_resumes_total", taken) == 1
         assert len(chaos.requests_for(model)) == 2
@@ -370,7 +370,7 @@ def test_a_refused_resume_is_a_span_that_says_why(
     client = Traceparent()
     headers = {"authorization": f"Bearer {CLIENT_KEY}", "traceparent": client.header}
     run_id = "run_" + secrets.token_hex(8)
-    refused = httpx.get(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
+    refused = httpx2.get(f"{traced.base_url}/runs/{run_id}/events", headers=headers, timeout=10)
     assert refused.status_code == 404
     [resume] = receiver.resumes(run_id)
     assert resume.parent_id == client.span_id and not resume.links
@@ -580,7 +580,7 @@ def test_a_resume_span_ends_once_however_its_rest_ends(caplog: pytest.LogCapture
     async def rest(fail: bool = False) -> Any:
         yield b"data: 1\n\n"
         if fail:
-            raise httpx.ReadError("gone")
+            raise httpx2.ReadError("gone")
         yield b"data: 2\n\n"
 
     async def scenarios() -> None:
@@ -596,7 +596,7 @@ def test_a_resume_span_ends_once_however_its_rest_ends(caplog: pytest.LogCapture
         gc.collect()
         failing = ResumeTrace(tracer.start_span("failing")).follow(rest(fail=True))
         assert failing is not None
-        with pytest.raises(httpx.ReadError):
+        with pytest.raises(httpx2.ReadError):
             async for _ in failing:
                 pass
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.chaos import ChaosUpstream, running_chaos_upstream
@@ -15,6 +15,6 @@ def upstream() -> Iterator[ChaosUpstream]:
 
 
 @pytest.fixture
-def client(upstream: ChaosUpstream) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=upstream.base_url, timeout=10) as client:
+def client(upstream: ChaosUpstream) -> Iterator[httpx2.Client]:
+    with httpx2.Client(base_url=upstream.base_url, timeout=10) as client:
         yield client

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 
 USER = {"role": "user", "content": "Say something."}
 
@@ -82,9 +82,9 @@ def collect(data: list[str]) -> Collected:
 @dataclass
 class Received:
     status: int
-    headers: httpx.Headers
+    headers: httpx2.Headers
     chunks: list[bytes]
-    error: httpx.TransportError | None
+    error: httpx2.TransportError | None
 
     @property
     def raw(self) -> bytes:
@@ -99,7 +99,7 @@ class Received:
 
 
 def stream(
-    client: httpx.Client,
+    client: httpx2.Client,
     model: str,
     messages: list[dict[str, Any]] | None = None,
     *,
@@ -114,12 +114,12 @@ def stream(
     else:
         body.setdefault("prompt", "Say something.")
     chunks: list[bytes] = []
-    error: httpx.TransportError | None = None
+    error: httpx2.TransportError | None = None
     with client.stream("POST", path, json=body, headers=headers) as response:
         try:
             for piece in response.iter_raw():
                 chunks.append(piece)
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             error = exc
     return Received(response.status_code, response.headers, chunks, error)
 
@@ -131,7 +131,7 @@ class Raw:
 
     status: int
     chunks: list[bytes]
-    error: httpx.TransportError | None
+    error: httpx2.TransportError | None
 
     @property
     def raw(self) -> bytes:
@@ -169,14 +169,14 @@ class Raw:
         return objects
 
 
-def read_raw(client: httpx.Client, path: str, payload: dict[str, Any]) -> Raw:
+def read_raw(client: httpx2.Client, path: str, payload: dict[str, Any]) -> Raw:
     """POST ``payload`` to ``path`` and read the answer's bytes until it ends or breaks."""
     chunks: list[bytes] = []
-    error: httpx.TransportError | None = None
+    error: httpx2.TransportError | None = None
     with client.stream("POST", path, json=payload) as response:
         try:
             for piece in response.iter_raw():
                 chunks.append(piece)
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             error = exc
     return Raw(response.status_code, chunks, error)

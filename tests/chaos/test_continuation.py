@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,7 +42,7 @@ def _cuts() -> list[int]:
 
 
 @pytest.mark.parametrize("cut", _cuts())
-def test_prompt_shape_returns_exactly_the_rest(client: httpx.Client, cut: int) -> None:
+def test_prompt_shape_returns_exactly_the_rest(client: httpx2.Client, cut: int) -> None:
     received = stream(client, "chaos", _prompt(TEXT[:cut]))
     collected = received.collect()
     assert collected.text == TEXT[cut:]
@@ -50,7 +50,7 @@ def test_prompt_shape_returns_exactly_the_rest(client: httpx.Client, cut: int) -
     assert received.data[-1] == "[DONE]"
 
 
-def test_resumes_with_the_remainder_of_the_delta_then_whole_deltas(client: httpx.Client) -> None:
+def test_resumes_with_the_remainder_of_the_delta_then_whole_deltas(client: httpx2.Client) -> None:
     script = script_for(parse_spec("chaos"))
     cut = script.starts[4] + 2
     received = stream(client, "chaos", _prompt(TEXT[:cut]))
@@ -59,13 +59,13 @@ def test_resumes_with_the_remainder_of_the_delta_then_whole_deltas(client: httpx
     assert contents == [script.text_deltas[4][2:], *script.text_deltas[5:]]
 
 
-def test_vllm_shape(client: httpx.Client) -> None:
+def test_vllm_shape(client: httpx2.Client) -> None:
     messages = [USER, {"role": "assistant", "content": TEXT[:23]}]
     received = stream(client, "chaos", messages, continue_final_message=True)
     assert received.collect().text == TEXT[23:]
 
 
-def test_prefix_shape(client: httpx.Client) -> None:
+def test_prefix_shape(client: httpx2.Client) -> None:
     messages: list[dict[str, Any]] = [
         USER,
         {"role": "assistant", "content": TEXT[:31], "prefix": True},
@@ -73,19 +73,19 @@ def test_prefix_shape(client: httpx.Client) -> None:
     assert stream(client, "chaos", messages).collect().text == TEXT[31:]
 
 
-def test_a_prefix_of_something_else_is_a_fresh_request(client: httpx.Client) -> None:
+def test_a_prefix_of_something_else_is_a_fresh_request(client: httpx2.Client) -> None:
     received = stream(client, "chaos", _prompt("Once upon a time"))
     assert received.collect().text == TEXT
 
 
 def test_an_assistant_message_without_a_continue_flag_is_a_fresh_request(
-    client: httpx.Client,
+    client: httpx2.Client,
 ) -> None:
     messages = [USER, {"role": "assistant", "content": TEXT[:10]}]
     assert stream(client, "chaos", messages).collect().text == TEXT
 
 
-def test_tool_calls_come_whole_after_the_text(client: httpx.Client) -> None:
+def test_tool_calls_come_whole_after_the_text(client: httpx2.Client) -> None:
     spec = "chaos:text=6,tools=2"
     answer = expected_answer(spec)
     collected = stream(client, spec, _prompt(answer.text[:9])).collect()
@@ -96,7 +96,7 @@ def test_tool_calls_come_whole_after_the_text(client: httpx.Client) -> None:
     assert collected.finish_reasons == ["tool_calls"]
 
 
-def test_reasoning_is_emitted_again(client: httpx.Client) -> None:
+def test_reasoning_is_emitted_again(client: httpx2.Client) -> None:
     spec = "chaos:text=6,reasoning=2"
     answer = expected_answer(spec)
     collected = stream(client, spec, _prompt(answer.text[:5])).collect()
@@ -104,12 +104,12 @@ def test_reasoning_is_emitted_again(client: httpx.Client) -> None:
     assert collected.text == answer.text[5:]
 
 
-def test_echo_repeats_the_tail_of_the_prefix(client: httpx.Client) -> None:
+def test_echo_repeats_the_tail_of_the_prefix(client: httpx2.Client) -> None:
     received = stream(client, "chaos:echo=4", _prompt(TEXT[:20]))
     assert received.collect().text == TEXT[16:20] + TEXT[20:]
 
 
-def test_echo_prefix_repeats_the_whole_prefix(client: httpx.Client) -> None:
+def test_echo_prefix_repeats_the_whole_prefix(client: httpx2.Client) -> None:
     messages: list[dict[str, Any]] = [
         USER,
         {"role": "assistant", "content": TEXT[:20], "prefix": True},
@@ -117,15 +117,15 @@ def test_echo_prefix_repeats_the_whole_prefix(client: httpx.Client) -> None:
     assert stream(client, "chaos:echo_prefix=1", messages).collect().text == TEXT
 
 
-def test_fault_position_counts_from_the_start_of_the_continuation(client: httpx.Client) -> None:
+def test_fault_position_counts_from_the_start_of_the_continuation(client: httpx2.Client) -> None:
     script = script_for(parse_spec("chaos"))
     cut = script.starts[10] + 1
     received = stream(client, "chaos:fault=close,at=2", _prompt(TEXT[:cut]))
-    assert isinstance(received.error, httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.RemoteProtocolError)
     assert received.collect().text == script.text_deltas[10][1:] + script.text_deltas[11]
 
 
-def test_a_reset_then_its_continuation_rebuild_the_answer(client: httpx.Client) -> None:
+def test_a_reset_then_its_continuation_rebuild_the_answer(client: httpx2.Client) -> None:
     spec = "chaos:text=30,fault=reset,at=13,times=1"
     first = stream(client, spec)
     assert first.error is not None
@@ -135,7 +135,7 @@ def test_a_reset_then_its_continuation_rebuild_the_answer(client: httpx.Client) 
     assert prefix + rest.collect().text == expected_answer(spec).text
 
 
-def test_non_streaming_continuation(client: httpx.Client) -> None:
+def test_non_streaming_continuation(client: httpx2.Client) -> None:
     body = {"model": "chaos:echo=2", "messages": _prompt(TEXT[:12])}
     message = client.post("/chat/completions", json=body).json()["choices"][0]["message"]
     assert message["content"] == TEXT[10:]
@@ -155,6 +155,6 @@ def test_any_cut_over_any_split_resumes_byte_exact(
     spec = "chaos:text=15,seed=9" + (f",split={split}" if split else "")
     text = expected_answer(spec).text
     cut = 1 + cut % len(text)
-    with httpx.Client(base_url=shared_upstream.base_url, timeout=10) as client:
+    with httpx2.Client(base_url=shared_upstream.base_url, timeout=10) as client:
         received = stream(client, spec, _prompt(text[:cut]))
     assert text[:cut] + received.collect().text == text

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -20,7 +20,7 @@ from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 from .helpers import USER, stream
 
 
-def test_non_streaming_chat_completion(client: httpx.Client) -> None:
+def test_non_streaming_chat_completion(client: httpx2.Client) -> None:
     spec = "chaos:text=7,reasoning=2,tools=2"
     response = client.post("/chat/completions", json={"model": spec, "messages": [USER]})
     assert response.status_code == 200
@@ -44,30 +44,30 @@ def test_non_streaming_chat_completion(client: httpx.Client) -> None:
     assert document["usage"] == {"prompt_tokens": 11, "completion_tokens": 17, "total_tokens": 28}
 
 
-def test_non_streaming_ignores_in_band_faults(client: httpx.Client) -> None:
+def test_non_streaming_ignores_in_band_faults(client: httpx2.Client) -> None:
     for fault in ("error", "stall", "no_finish", "malformed", "finish_error"):
         body = {"model": f"chaos:text=3,fault={fault}", "messages": [USER]}
         message = client.post("/chat/completions", json=body).json()["choices"][0]["message"]
         assert message["content"] == expected_answer("chaos:text=3").text
 
 
-def test_non_streaming_reset_and_close_cut_the_body(client: httpx.Client) -> None:
+def test_non_streaming_reset_and_close_cut_the_body(client: httpx2.Client) -> None:
     body = {"model": "chaos:fault=reset", "messages": [USER]}
-    with pytest.raises(httpx.ReadError):
+    with pytest.raises(httpx2.ReadError):
         client.post("/chat/completions", json=body)
     body = {"model": "chaos:fault=close", "messages": [USER]}
-    with pytest.raises(httpx.RemoteProtocolError, match="without sending complete message body"):
+    with pytest.raises(httpx2.RemoteProtocolError, match="without sending complete message body"):
         client.post("/chat/completions", json=body)
 
 
-def test_models(client: httpx.Client) -> None:
+def test_models(client: httpx2.Client) -> None:
     assert client.get("/models").json() == {
         "object": "list",
         "data": [{"id": "chaos", "object": "model", "created": 0, "owned_by": "chaos"}],
     }
 
 
-def test_embeddings_are_deterministic(client: httpx.Client) -> None:
+def test_embeddings_are_deterministic(client: httpx2.Client) -> None:
     body = {"model": "chaos", "input": ["hello", "世界", "hello"]}
     document = client.post("/embeddings", json=body).json()
     assert document["object"] == "list"
@@ -81,7 +81,7 @@ def test_embeddings_are_deterministic(client: httpx.Client) -> None:
     assert document["usage"]["prompt_tokens"] == document["usage"]["total_tokens"] == 3
 
 
-def test_embeddings_in_base64(client: httpx.Client) -> None:
+def test_embeddings_in_base64(client: httpx2.Client) -> None:
     plain = client.post("/embeddings", json={"model": "chaos", "input": "x"}).json()
     body = {"model": "chaos", "input": "x", "encoding_format": "base64"}
     encoded = client.post("/embeddings", json=body).json()["data"][0]["embedding"]
@@ -89,13 +89,13 @@ def test_embeddings_in_base64(client: httpx.Client) -> None:
     assert floats == pytest.approx(plain["data"][0]["embedding"], abs=1e-6)
 
 
-def test_embeddings_take_http_faults_and_reject_bad_input(client: httpx.Client) -> None:
+def test_embeddings_take_http_faults_and_reject_bad_input(client: httpx2.Client) -> None:
     body = {"model": "chaos:fault=http_429", "input": "x"}
     assert client.post("/embeddings", json=body).status_code == 429
     assert client.post("/embeddings", json={"model": "chaos", "input": 3}).status_code == 400
 
 
-def test_legacy_completions_stream(client: httpx.Client) -> None:
+def test_legacy_completions_stream(client: httpx2.Client) -> None:
     received = stream(
         client, "chaos:text=5,usage=1", path="/completions", stream_options={"include_usage": True}
     )
@@ -108,15 +108,15 @@ def test_legacy_completions_stream(client: httpx.Client) -> None:
     assert received.data[-1] == "[DONE]"
 
 
-def test_legacy_completions_faults(client: httpx.Client) -> None:
+def test_legacy_completions_faults(client: httpx2.Client) -> None:
     received = stream(client, "chaos:fault=close,at=3", path="/completions")
-    assert isinstance(received.error, httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.RemoteProtocolError)
     texts = [json.loads(item)["choices"][0]["text"] for item in received.data]
     assert "".join(texts) == expected_answer("chaos").text[: len("".join(texts))]
     assert len(texts) == 3
 
 
-def test_legacy_completions_non_streaming(client: httpx.Client) -> None:
+def test_legacy_completions_non_streaming(client: httpx2.Client) -> None:
     document = client.post("/completions", json={"model": "chaos", "prompt": "Hi"}).json()
     assert document["object"] == "text_completion"
     assert document["choices"][0]["text"] == expected_answer("chaos").text
@@ -124,7 +124,7 @@ def test_legacy_completions_non_streaming(client: httpx.Client) -> None:
     assert document["usage"]["completion_tokens"] == 20
 
 
-def test_requests_are_recorded(upstream: ChaosUpstream, client: httpx.Client) -> None:
+def test_requests_are_recorded(upstream: ChaosUpstream, client: httpx2.Client) -> None:
     body = {"model": "chaos:text=1", "messages": [USER], "stream": True}
     client.post("/chat/completions", json=body, headers={"X-Trace": "abc"})
     client.get("/models")
@@ -142,7 +142,7 @@ def test_requests_are_recorded(upstream: ChaosUpstream, client: httpx.Client) ->
     assert upstream.requests == []
 
 
-def test_bad_spec_is_a_400_with_an_openai_error(client: httpx.Client) -> None:
+def test_bad_spec_is_a_400_with_an_openai_error(client: httpx2.Client) -> None:
     for body, headers in (
         ({"model": "chaos:fault=explode"}, {}),
         ({"model": "gpt-4o"}, {"x-chaos": "chaos:nope=1"}),
@@ -155,14 +155,14 @@ def test_bad_spec_is_a_400_with_an_openai_error(client: httpx.Client) -> None:
         assert "invalid chaos spec" in error["message"]
 
 
-def test_unknown_path_is_a_404(client: httpx.Client) -> None:
+def test_unknown_path_is_a_404(client: httpx2.Client) -> None:
     response = client.post("/audio/speech", json={"model": "chaos"})
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert client.get("/chat/completions").status_code == 404
 
 
-def test_invalid_json_is_a_400(client: httpx.Client) -> None:
+def test_invalid_json_is_a_400(client: httpx2.Client) -> None:
     response = client.post(
         "/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
     )
@@ -182,7 +182,7 @@ def _raw_exchange(upstream: ChaosUpstream, data: bytes) -> bytes:
 
 
 def test_malformed_request_line_closes_only_that_connection(
-    upstream: ChaosUpstream, client: httpx.Client
+    upstream: ChaosUpstream, client: httpx2.Client
 ) -> None:
     answer = _raw_exchange(upstream, b"THIS IS NOT HTTP\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
@@ -247,7 +247,7 @@ def test_the_openai_sdk_reads_it(upstream: ChaosUpstream) -> None:
 
 def test_open_connections_counts_live_connections(upstream: ChaosUpstream) -> None:
     assert upstream.open_connections == 0
-    with httpx.Client(base_url=upstream.base_url) as client:
+    with httpx2.Client(base_url=upstream.base_url) as client:
         client.get("/models")
         assert upstream.open_connections == 1  # idle in keep-alive
     deadline = time.monotonic() + 5
@@ -266,7 +266,7 @@ def test_python_m_gateway_chaos_serves_and_says_where() -> None:
             assert line.startswith("chaos upstream listening on http://127.0.0.1:")
             base_url = line.split()[-1]
             assert base_url.endswith("/v1")
-            assert httpx.get(base_url + "/models").json()["data"][0]["id"] == "chaos"
+            assert httpx2.get(base_url + "/models").json()["data"][0]["id"] == "chaos"
         finally:
             process.terminate()
             process.wait(10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.chaos import ChaosUpstream, expected_answer
@@ -20,47 +20,47 @@ def _first_deltas(spec: str, count: int) -> str:
 
 
 @pytest.mark.parametrize("at", [0, 1, 7, 20])
-def test_reset_is_a_read_error_after_exactly_at_deltas(client: httpx.Client, at: int) -> None:
+def test_reset_is_a_read_error_after_exactly_at_deltas(client: httpx2.Client, at: int) -> None:
     spec = f"chaos:fault=reset,at={at}"
     received = stream(client, spec)
     # ECONNRESET surfaces as ReadError; httpx reports a RemoteProtocolError instead
     # if it notices the closed socket between reads.
-    assert isinstance(received.error, httpx.ReadError | httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.ReadError | httpx2.RemoteProtocolError)
     collected = received.collect()
     assert collected.text == _first_deltas(spec, at)
     assert collected.finish_reasons == []
     assert collected.roles == ["assistant"]
 
 
-def test_reset_without_at_fires_half_way(client: httpx.Client) -> None:
+def test_reset_without_at_fires_half_way(client: httpx2.Client) -> None:
     received = stream(client, "chaos:text=10,fault=reset")
     assert received.error is not None
     assert received.collect().text == _first_deltas("chaos:text=10", 5)
 
 
-def test_close_is_an_incomplete_chunked_read(client: httpx.Client) -> None:
+def test_close_is_an_incomplete_chunked_read(client: httpx2.Client) -> None:
     spec = "chaos:fault=close,at=4"
     received = stream(client, spec)
-    assert isinstance(received.error, httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.RemoteProtocolError)
     assert "incomplete chunked read" in str(received.error)
     assert received.collect().text == _first_deltas(spec, 4)
 
 
 def test_stall_is_a_read_timeout(upstream: ChaosUpstream) -> None:
     spec = "chaos:fault=stall,at=3"
-    timeout = httpx.Timeout(10, read=0.3)
-    with httpx.Client(base_url=upstream.base_url, timeout=timeout) as client:
+    timeout = httpx2.Timeout(10, read=0.3)
+    with httpx2.Client(base_url=upstream.base_url, timeout=timeout) as client:
         started = time.monotonic()
         received = stream(client, spec)
-    assert isinstance(received.error, httpx.ReadTimeout)
+    assert isinstance(received.error, httpx2.ReadTimeout)
     assert time.monotonic() - started < 5
     assert received.collect().text == _first_deltas(spec, 3)
 
 
-def test_stall_ends_with_a_close_after_stall_s(client: httpx.Client) -> None:
+def test_stall_ends_with_a_close_after_stall_s(client: httpx2.Client) -> None:
     started = time.monotonic()
     received = stream(client, "chaos:fault=stall,at=2,stall_s=0.3")
-    assert isinstance(received.error, httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.RemoteProtocolError)
     assert time.monotonic() - started >= 0.3
 
 
@@ -73,7 +73,7 @@ def test_stall_ends_with_a_close_after_stall_s(client: httpx.Client) -> None:
     ],
 )
 def test_in_band_errors_end_the_body_cleanly(
-    client: httpx.Client, fault: str, code: object, done: bool
+    client: httpx2.Client, fault: str, code: object, done: bool
 ) -> None:
     spec = f"chaos:fault={fault},at=5"
     received = stream(client, spec)
@@ -87,7 +87,7 @@ def test_in_band_errors_end_the_body_cleanly(
     assert json.loads(received.data[-1 - done])["error"] == error
 
 
-def test_finish_error(client: httpx.Client) -> None:
+def test_finish_error(client: httpx2.Client) -> None:
     received = stream(client, "chaos:fault=finish_error,at=3")
     assert received.error is None
     assert received.collect().finish_reasons == ["error"]
@@ -96,7 +96,7 @@ def test_finish_error(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("done", [1, 0])
-def test_no_finish_truncates_cleanly(client: httpx.Client, done: int) -> None:
+def test_no_finish_truncates_cleanly(client: httpx2.Client, done: int) -> None:
     received = stream(client, f"chaos:fault=no_finish,at=6,done={done}")
     assert received.error is None
     assert received.collect().finish_reasons == []
@@ -104,7 +104,7 @@ def test_no_finish_truncates_cleanly(client: httpx.Client, done: int) -> None:
     assert (received.data[-1] == "[DONE]") is bool(done)
 
 
-def test_malformed_event_then_the_rest_of_the_stream(client: httpx.Client) -> None:
+def test_malformed_event_then_the_rest_of_the_stream(client: httpx2.Client) -> None:
     received = stream(client, "chaos:fault=malformed,at=2")
     data = received.data
     assert data[3] == '{"choices": ['
@@ -115,7 +115,7 @@ def test_malformed_event_then_the_rest_of_the_stream(client: httpx.Client) -> No
     assert data[-1] == "[DONE]"
 
 
-def test_at_counts_reasoning_and_tool_fragments(client: httpx.Client) -> None:
+def test_at_counts_reasoning_and_tool_fragments(client: httpx2.Client) -> None:
     # Content deltas: three reasoning, two text, then (after the call's header) four fragments.
     spec = "chaos:reasoning=3,text=2,tools=1,arg_deltas=4,fault=close"
     answer = expected_answer(spec)
@@ -148,7 +148,7 @@ def test_at_counts_reasoning_and_tool_fragments(client: httpx.Client) -> None:
     ],
 )
 def test_http_faults_answer_an_error_status(
-    client: httpx.Client, fault: str, status: int, code: str | None
+    client: httpx2.Client, fault: str, status: int, code: str | None
 ) -> None:
     for stream_flag in (True, False):
         body = {"model": f"chaos:fault={fault}", "messages": [USER], "stream": stream_flag}
@@ -161,7 +161,7 @@ def test_http_faults_answer_an_error_status(
         assert error["message"] and error["type"]
 
 
-def test_http_429_retry_carries_retry_after(client: httpx.Client) -> None:
+def test_http_429_retry_carries_retry_after(client: httpx2.Client) -> None:
     for spec, expected in (
         ("chaos:fault=http_429_retry", "1"),
         ("chaos:fault=http_429_retry,retry_after=7", "7"),
@@ -171,13 +171,13 @@ def test_http_429_retry_carries_retry_after(client: httpx.Client) -> None:
         assert response.headers["retry-after"] == expected
 
 
-def test_reset_before_any_byte(client: httpx.Client) -> None:
-    with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+def test_reset_before_any_byte(client: httpx2.Client) -> None:
+    with pytest.raises((httpx2.ReadError, httpx2.RemoteProtocolError)):
         client.post("/chat/completions", json={"model": "chaos:fault=reset_before", "stream": True})
     assert client.post("/chat/completions", json={"model": "chaos"}).status_code == 200
 
 
-def test_times_faults_only_the_first_requests(client: httpx.Client) -> None:
+def test_times_faults_only_the_first_requests(client: httpx2.Client) -> None:
     spec = "chaos:text=6,fault=reset,at=2,times=2"
     assert stream(client, spec).error is not None
     assert stream(client, spec).error is not None
@@ -188,11 +188,11 @@ def test_times_faults_only_the_first_requests(client: httpx.Client) -> None:
     assert stream(client, "chaos:fault=reset,text=6,at=2,times=2").error is not None
 
 
-def test_times_zero_never_faults(client: httpx.Client) -> None:
+def test_times_zero_never_faults(client: httpx2.Client) -> None:
     assert stream(client, "chaos:fault=close,times=0").error is None
 
 
-def test_first_byte_delay_precedes_an_http_fault(client: httpx.Client) -> None:
+def test_first_byte_delay_precedes_an_http_fault(client: httpx2.Client) -> None:
     started = time.monotonic()
     response = client.post(
         "/chat/completions", json={"model": "chaos:fault=http_503,first_byte_ms=150"}

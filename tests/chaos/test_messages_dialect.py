@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
-import httpx
 import httpx2
 import pytest
 from anthropic.types import MessageParam
@@ -40,7 +39,7 @@ def sdk_client(upstream: ChaosUpstream) -> anthropic.AsyncAnthropic:
 
 
 def post_stream(
-    client: httpx.Client, model: str, messages: list[Any] | None = None, **body: Any
+    client: httpx2.Client, model: str, messages: list[Any] | None = None, **body: Any
 ) -> Raw:
     payload = {
         "model": model,
@@ -52,7 +51,9 @@ def post_stream(
     return read_raw(client, "/messages", payload)
 
 
-def post_json(client: httpx.Client, model: str, messages: list[Any], **body: Any) -> httpx.Response:
+def post_json(
+    client: httpx2.Client, model: str, messages: list[Any], **body: Any
+) -> httpx2.Response:
     payload = {"model": model, "max_tokens": 1024, "messages": messages, **body}
     return client.post("/messages", json=payload)
 
@@ -168,7 +169,7 @@ def stop_reason_of(spec: str) -> str:
     return "tool_use" if expected_answer(spec).tool_calls else "end_turn"
 
 
-def anthropic_error(response: httpx.Response) -> dict[str, Any]:
+def anthropic_error(response: httpx2.Response) -> dict[str, Any]:
     """The ``error`` of an Anthropic error body, after checking its shape."""
     document = response.json()
     assert document["type"] == "error"
@@ -248,7 +249,7 @@ async def test_sdk_non_streaming(upstream: ChaosUpstream, spec: str) -> None:
     assert message.usage.output_tokens == content_deltas(spec)
 
 
-def test_non_streaming_document(client: httpx.Client) -> None:
+def test_non_streaming_document(client: httpx2.Client) -> None:
     spec = "chaos:text=3,reasoning=2,tools=1"
     response = post_json(client, spec, [USER])
     assert response.status_code == 200
@@ -270,7 +271,7 @@ def test_non_streaming_document(client: httpx.Client) -> None:
 # --- the events, as bytes --------------------------------------------------------------------
 
 
-def test_event_order_and_shapes(client: httpx.Client) -> None:
+def test_event_order_and_shapes(client: httpx2.Client) -> None:
     spec = "chaos:text=2,reasoning=1,tools=1,arg_deltas=2"
     received = post_stream(client, spec)
     assert received.status == 200 and received.error is None
@@ -341,7 +342,7 @@ def test_event_order_and_shapes(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_streams_are_well_formed(client: httpx.Client, spec: str) -> None:
+def test_streams_are_well_formed(client: httpx2.Client, spec: str) -> None:
     received = post_stream(client, spec)
     objects = received.objects()
     assert_well_formed(objects)
@@ -359,7 +360,7 @@ def test_streams_are_well_formed(client: httpx.Client, spec: str) -> None:
     assert got.stop_reason == stop_reason_of(spec)
 
 
-def test_signature_differs_per_response(client: httpx.Client) -> None:
+def test_signature_differs_per_response(client: httpx2.Client) -> None:
     spec = "chaos:text=3,reasoning=2"
     first, second = (
         assemble(post_stream(client, spec).objects()),
@@ -372,7 +373,7 @@ def test_signature_differs_per_response(client: httpx.Client) -> None:
         assert got.signature == thinking_signature(number, expected_answer(spec).reasoning)
 
 
-def test_headers_are_recorded(client: httpx.Client, upstream: ChaosUpstream) -> None:
+def test_headers_are_recorded(client: httpx2.Client, upstream: ChaosUpstream) -> None:
     headers = {"x-api-key": "sk-ant-chaos", "anthropic-version": "2023-06-01"}
     body = {"model": "chaos:text=2", "max_tokens": 5, "messages": [USER]}
     assert client.post("/messages", json=body, headers=headers).status_code == 200
@@ -388,10 +389,10 @@ def test_headers_are_recorded(client: httpx.Client, upstream: ChaosUpstream) -> 
 
 
 @pytest.mark.parametrize("at", [0, 1, 7, 20])
-def test_reset_after_exactly_at_deltas(client: httpx.Client, at: int) -> None:
+def test_reset_after_exactly_at_deltas(client: httpx2.Client, at: int) -> None:
     spec = f"chaos:fault=reset,at={at}"
     received = post_stream(client, spec)
-    assert isinstance(received.error, httpx.ReadError | httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.ReadError | httpx2.RemoteProtocolError)
     got = assemble(received.objects())
     assert got.text == first_deltas(spec, at)
     assert not got.stopped and got.stop_reason is None
@@ -401,25 +402,25 @@ def test_reset_after_exactly_at_deltas(client: httpx.Client, at: int) -> None:
         assert got.types == ["message_start", "ping"]
 
 
-def test_reset_without_at_fires_half_way(client: httpx.Client) -> None:
+def test_reset_without_at_fires_half_way(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:text=10,fault=reset")
     assert received.error is not None
     assert assemble(received.objects()).text == first_deltas("chaos:text=10", 5)
 
 
-def test_close_is_an_incomplete_chunked_read(client: httpx.Client) -> None:
+def test_close_is_an_incomplete_chunked_read(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:fault=close,at=4")
-    assert isinstance(received.error, httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.RemoteProtocolError)
     assert "incomplete chunked read" in str(received.error)
     assert assemble(received.objects()).text == first_deltas("chaos", 4)
 
 
 def test_stall_is_a_read_timeout(upstream: ChaosUpstream) -> None:
-    timeout = httpx.Timeout(10, read=0.3)
-    with httpx.Client(base_url=upstream.base_url, timeout=timeout) as client:
+    timeout = httpx2.Timeout(10, read=0.3)
+    with httpx2.Client(base_url=upstream.base_url, timeout=timeout) as client:
         started = time.monotonic()
         received = post_stream(client, "chaos:fault=stall,at=3")
-    assert isinstance(received.error, httpx.ReadTimeout)
+    assert isinstance(received.error, httpx2.ReadTimeout)
     assert time.monotonic() - started < 5
     assert assemble(received.objects()).text == first_deltas("chaos", 3)
 
@@ -434,7 +435,7 @@ IN_BAND = [
 
 @pytest.mark.parametrize(("fault", "kind", "message", "transient"), IN_BAND)
 def test_in_band_errors(
-    client: httpx.Client, fault: str, kind: str, message: str, transient: bool
+    client: httpx2.Client, fault: str, kind: str, message: str, transient: bool
 ) -> None:
     received = post_stream(client, f"chaos:fault={fault},at=5")
     assert received.error is None  # the body ends properly
@@ -453,7 +454,7 @@ def test_in_band_errors(
     assert after == (["message_stop"] if fault == "error_done" else [])
 
 
-def test_no_finish_ends_cleanly_without_message_delta_and_stop(client: httpx.Client) -> None:
+def test_no_finish_ends_cleanly_without_message_delta_and_stop(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:fault=no_finish,at=6")
     assert received.error is None
     got = assemble(received.objects())
@@ -463,7 +464,7 @@ def test_no_finish_ends_cleanly_without_message_delta_and_stop(client: httpx.Cli
     assert received.raw.endswith(b"}}\n\n")
 
 
-def test_malformed_event_then_the_rest_of_the_stream(client: httpx.Client) -> None:
+def test_malformed_event_then_the_rest_of_the_stream(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:fault=malformed,at=2")
     assert received.error is None
     events = received.events()
@@ -484,7 +485,7 @@ def test_malformed_event_then_the_rest_of_the_stream(client: httpx.Client) -> No
     assert got.stopped
 
 
-def test_at_counts_thinking_text_and_argument_fragments(client: httpx.Client) -> None:
+def test_at_counts_thinking_text_and_argument_fragments(client: httpx2.Client) -> None:
     spec = "chaos:reasoning=3,text=2,tools=1,arg_deltas=4,fault=close"
     answer = expected_answer(spec)
     got = assemble(post_stream(client, f"{spec},at=3").objects())
@@ -502,7 +503,7 @@ def test_at_counts_thinking_text_and_argument_fragments(client: httpx.Client) ->
     assert call["id"] == answer.tool_calls[0].id
 
 
-def test_times_faults_only_the_first_requests(client: httpx.Client) -> None:
+def test_times_faults_only_the_first_requests(client: httpx2.Client) -> None:
     spec = "chaos:text=6,fault=reset,at=2,times=1"
     assert post_stream(client, spec).error is not None
     clean = post_stream(client, spec)
@@ -530,19 +531,19 @@ async def test_sdk_sees_error_events_and_a_reset(upstream: ChaosUpstream) -> Non
                     pass
 
 
-def test_non_streaming_faults(client: httpx.Client) -> None:
+def test_non_streaming_faults(client: httpx2.Client) -> None:
     spec = "chaos:text=3"
     for fault in ("error", "error_fatal", "error_done", "no_finish", "malformed", "finish_error"):
         document = post_json(client, f"{spec},fault={fault}", [USER]).json()
         assert document["content"] == [{"type": "text", "text": expected_answer(spec).text}]
-    with pytest.raises(httpx.ReadError):
+    with pytest.raises(httpx2.ReadError):
         post_json(client, "chaos:fault=reset", [USER])
-    with pytest.raises(httpx.RemoteProtocolError, match="without sending complete message body"):
+    with pytest.raises(httpx2.RemoteProtocolError, match="without sending complete message body"):
         post_json(client, "chaos:fault=close", [USER])
 
 
-def test_reset_before_any_byte(client: httpx.Client) -> None:
-    with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+def test_reset_before_any_byte(client: httpx2.Client) -> None:
+    with pytest.raises((httpx2.ReadError, httpx2.RemoteProtocolError)):
         post_json(client, "chaos:fault=reset_before", [USER])
 
 
@@ -564,7 +565,7 @@ HTTP = [
 
 @pytest.mark.parametrize(("fault", "status", "kind"), HTTP)
 def test_http_faults_answer_anthropic_errors(
-    client: httpx.Client, fault: str, status: int, kind: str
+    client: httpx2.Client, fault: str, status: int, kind: str
 ) -> None:
     for stream_flag in (True, False):
         spec = f"chaos:fault={fault},retry_after=7"
@@ -588,7 +589,7 @@ async def test_sdk_raises_on_529(upstream: ChaosUpstream) -> None:
             await sdk.messages.create(model="chaos:fault=http_429", max_tokens=9, messages=[USER])
 
 
-def test_bad_requests_answer_anthropic_errors(client: httpx.Client) -> None:
+def test_bad_requests_answer_anthropic_errors(client: httpx2.Client) -> None:
     response = post_json(client, "chaos:fault=nope", [USER])
     assert response.status_code == 400
     error = anthropic_error(response)
@@ -658,7 +659,7 @@ def _recorded(upstream: ChaosUpstream, model: str) -> tuple[str | None, str | No
 @pytest.mark.parametrize("cut", _cuts())
 @pytest.mark.parametrize("blocks", [False, True])
 def test_prompt_mode_resumes_at_the_offset(
-    client: httpx.Client, upstream: ChaosUpstream, cut: int, blocks: bool
+    client: httpx2.Client, upstream: ChaosUpstream, cut: int, blocks: bool
 ) -> None:
     prefix = TEXT[:cut]
     got = assemble(post_stream(client, "chaos", _prompt_messages(prefix, blocks=blocks)).objects())
@@ -667,7 +668,7 @@ def test_prompt_mode_resumes_at_the_offset(
 
 
 def test_prompt_mode_with_an_anchor_repeats_it_then_resumes_mid_delta(
-    client: httpx.Client, upstream: ChaosUpstream
+    client: httpx2.Client, upstream: ChaosUpstream
 ) -> None:
     script = script_for(parse_spec("chaos"))
     cut = script.starts[4] + 2
@@ -685,7 +686,7 @@ def test_prompt_mode_with_an_anchor_repeats_it_then_resumes_mid_delta(
 @pytest.mark.parametrize("cut", _cuts())
 @pytest.mark.parametrize("blocks", [False, True])
 def test_prefill_resumes_at_the_offset(
-    client: httpx.Client, upstream: ChaosUpstream, cut: int, blocks: bool
+    client: httpx2.Client, upstream: ChaosUpstream, cut: int, blocks: bool
 ) -> None:
     prefix = TEXT[:cut]
     received = post_stream(client, "chaos", _prefill(prefix, blocks))
@@ -698,7 +699,7 @@ def test_prefill_resumes_at_the_offset(
     assert got.message["usage"]["input_tokens"] == 12
 
 
-def test_prefill_before_a_space_continues_with_it(client: httpx.Client) -> None:
+def test_prefill_before_a_space_continues_with_it(client: httpx2.Client) -> None:
     # The gateway strips the prefill's trailing whitespace: "Hello," goes on with " world".
     cut = next(i for i in range(2, len(TEXT)) if TEXT[i] == " " and TEXT[i - 1] != " ")
     got = assemble(post_stream(client, "chaos", _prefill(TEXT[:cut])).objects())
@@ -723,13 +724,13 @@ async def test_sdk_prefill_continuation(upstream: ChaosUpstream) -> None:
     assert _recorded(upstream, spec) == (prefix, "", rest)
 
 
-def test_prefill_echo(client: httpx.Client, upstream: ChaosUpstream) -> None:
+def test_prefill_echo(client: httpx2.Client, upstream: ChaosUpstream) -> None:
     got = assemble(post_stream(client, "chaos:echo=4", _prefill(TEXT[:20])).objects())
     assert got.text == TEXT[16:]
     assert _recorded(upstream, "chaos:echo=4") == (TEXT[:20], TEXT[16:20], TEXT[20:])
 
 
-def test_continuation_thinks_anew_and_sends_tool_calls_whole(client: httpx.Client) -> None:
+def test_continuation_thinks_anew_and_sends_tool_calls_whole(client: httpx2.Client) -> None:
     spec = "chaos:text=10,reasoning=3,tools=2"
     answer = expected_answer(spec)
     fresh = assemble(post_stream(client, spec).objects())
@@ -752,7 +753,7 @@ def test_continuation_thinks_anew_and_sends_tool_calls_whole(client: httpx.Clien
         ]
 
 
-def test_whole_text_prefix_leaves_no_text_block(client: httpx.Client) -> None:
+def test_whole_text_prefix_leaves_no_text_block(client: httpx2.Client) -> None:
     spec = "chaos:text=6,tools=1"
     answer = expected_answer(spec)
     got = assemble(post_stream(client, spec, _prompt_messages(answer.text)).objects())
@@ -763,14 +764,14 @@ def test_whole_text_prefix_leaves_no_text_block(client: httpx.Client) -> None:
 
 
 def test_a_prefix_that_is_not_of_the_answer_gets_the_whole_answer(
-    client: httpx.Client, upstream: ChaosUpstream
+    client: httpx2.Client, upstream: ChaosUpstream
 ) -> None:
     for messages in (_prefill("Something else"), _prompt_messages("Something else")):
         assert assemble(post_stream(client, "chaos", messages).objects()).text == TEXT
         assert _recorded(upstream, "chaos") == ("", "", TEXT)
 
 
-def test_chat_still_needs_a_flag_for_a_prefill(client: httpx.Client) -> None:
+def test_chat_still_needs_a_flag_for_a_prefill(client: httpx2.Client) -> None:
     body = {"model": "chaos", "messages": [USER, {"role": "assistant", "content": TEXT[:10]}]}
     document = client.post("/chat/completions", json=body).json()
     assert document["choices"][0]["message"]["content"] == TEXT
@@ -778,7 +779,7 @@ def test_chat_still_needs_a_flag_for_a_prefill(client: httpx.Client) -> None:
 
 @pytest.mark.parametrize("tail", [" ", "\n", "\t  "])
 def test_prefill_with_trailing_whitespace_is_refused(
-    client: httpx.Client, upstream: ChaosUpstream, tail: str
+    client: httpx2.Client, upstream: ChaosUpstream, tail: str
 ) -> None:
     for stream_flag in (True, False):
         response = post_json(client, "chaos", _prefill(TEXT[:10] + tail), stream=stream_flag)
@@ -802,7 +803,7 @@ async def test_sdk_sees_the_trailing_whitespace_refusal(upstream: ChaosUpstream)
     assert "trailing whitespace" in str(raised.value.api_message)
 
 
-def test_prefill_0_refuses_a_trailing_assistant_message(client: httpx.Client) -> None:
+def test_prefill_0_refuses_a_trailing_assistant_message(client: httpx2.Client) -> None:
     for stream_flag in (True, False):
         response = post_json(client, "chaos:prefill=0", _prefill(TEXT[:10]), stream=stream_flag)
         assert response.status_code == 400
@@ -817,7 +818,7 @@ def test_prefill_0_refuses_a_trailing_assistant_message(client: httpx.Client) ->
 # --- rechunk=1, sample=1 ---------------------------------------------------------------------
 
 
-def test_rechunk_splits_the_same_text_anew(client: httpx.Client, upstream: ChaosUpstream) -> None:
+def test_rechunk_splits_the_same_text_anew(client: httpx2.Client, upstream: ChaosUpstream) -> None:
     spec = "chaos:text=30,rechunk=1"
     answer = expected_answer(spec)
     first = assemble(post_stream(client, spec).objects())
@@ -834,7 +835,7 @@ def test_rechunk_splits_the_same_text_anew(client: httpx.Client, upstream: Chaos
 
 
 def test_sample_says_other_text_on_every_request(
-    client: httpx.Client, upstream: ChaosUpstream
+    client: httpx2.Client, upstream: ChaosUpstream
 ) -> None:
     spec = "chaos:text=12,sample=1"
     first = assemble(post_stream(client, spec).objects())
@@ -855,7 +856,7 @@ def test_sample_says_other_text_on_every_request(
 # --- the next turn: what Anthropic checks of what comes back ---------------------------------
 
 
-def test_the_next_turn_with_tool_results_is_answered_in_text(client: httpx.Client) -> None:
+def test_the_next_turn_with_tool_results_is_answered_in_text(client: httpx2.Client) -> None:
     spec = "chaos:text=4,reasoning=2,tools=1"
     first = post_json(client, spec, [USER]).json()
     (call,) = [block for block in first["content"] if block["type"] == "tool_use"]
@@ -872,7 +873,7 @@ def test_the_next_turn_with_tool_results_is_answered_in_text(client: httpx.Clien
 
 @pytest.mark.parametrize("change", ["truncated", "unsigned", "forged"])
 def test_a_thinking_block_that_cannot_be_verified_is_refused(
-    client: httpx.Client, change: str
+    client: httpx2.Client, change: str
 ) -> None:
     first = post_json(client, "chaos:text=4,reasoning=3", [USER]).json()
     thinking = first["content"][0]

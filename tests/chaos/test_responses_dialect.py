@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -32,7 +32,7 @@ def sdk(upstream: ChaosUpstream) -> Iterator[openai.OpenAI]:
 # --- reading a Responses stream as bytes -------------------------------------------------
 
 
-def post_stream(client: httpx.Client, model: str, **body: Any) -> Raw:
+def post_stream(client: httpx2.Client, model: str, **body: Any) -> Raw:
     payload = {"model": model, "input": [USER], "stream": True, **body}
     return read_raw(client, "/responses", payload)
 
@@ -156,7 +156,7 @@ def test_sdk_stream_helper_accepts_the_stream(sdk: openai.OpenAI, spec: str) -> 
     assert response.usage.total_tokens == 11 + response.usage.output_tokens
 
 
-def test_event_order_and_shapes(client: httpx.Client) -> None:
+def test_event_order_and_shapes(client: httpx2.Client) -> None:
     spec = "chaos:text=2,reasoning=1,tools=1,arg_deltas=2"
     received = post_stream(client, spec)
     assert received.error is None
@@ -247,7 +247,7 @@ def test_event_order_and_shapes(client: httpx.Client) -> None:
 
 
 def test_every_event_is_named_and_framed_with_the_spec_line_ending(
-    client: httpx.Client,
+    client: httpx2.Client,
 ) -> None:
     received = post_stream(client, "chaos:text=3,lineend=crlf,comments=1")
     raw = received.raw
@@ -258,14 +258,14 @@ def test_every_event_is_named_and_framed_with_the_spec_line_ending(
     assert events[-1][0] == "response.completed"
 
 
-def test_done_is_ignored(client: httpx.Client) -> None:
+def test_done_is_ignored(client: httpx2.Client) -> None:
     for done in (0, 1):
         received = post_stream(client, f"chaos:text=3,done={done}")
         assert b"[DONE]" not in received.raw
         assert received.objects()[-1]["type"] == "response.completed"
 
 
-def test_item_ids_differ_between_responses(client: httpx.Client) -> None:
+def test_item_ids_differ_between_responses(client: httpx2.Client) -> None:
     spec = "chaos:text=2,reasoning=1,tools=2"
     first = assemble(post_stream(client, spec).objects())
     second = assemble(post_stream(client, spec).objects())
@@ -277,7 +277,7 @@ def test_item_ids_differ_between_responses(client: httpx.Client) -> None:
     assert list(first.calls.values()) == list(second.calls.values()) == calls_of(spec)
 
 
-def test_input_tokens_count_the_input_items(client: httpx.Client) -> None:
+def test_input_tokens_count_the_input_items(client: httpx2.Client) -> None:
     items = [USER, {"role": "assistant", "content": "Hi."}, USER]
     final = assemble(post_stream(client, "chaos:text=4", input=items).objects()).final
     assert final is not None
@@ -361,7 +361,7 @@ def _cuts() -> list[int]:
 
 
 @pytest.mark.parametrize("cut", _cuts())
-def test_prompt_mode_resumes_at_the_offset(client: httpx.Client, cut: int) -> None:
+def test_prompt_mode_resumes_at_the_offset(client: httpx2.Client, cut: int) -> None:
     got = assemble(post_stream(client, "chaos", input=_prompt_input(TEXT[:cut])).objects())
     assert got.text == TEXT[cut:]
     assert got.final is not None
@@ -370,7 +370,7 @@ def test_prompt_mode_resumes_at_the_offset(client: httpx.Client, cut: int) -> No
 
 
 def test_prompt_mode_with_an_anchor_repeats_it_then_resumes_mid_delta(
-    client: httpx.Client,
+    client: httpx2.Client,
 ) -> None:
     script = script_for(parse_spec("chaos"))
     cut = script.starts[4] + 2
@@ -387,7 +387,7 @@ def test_prompt_mode_with_an_anchor_repeats_it_then_resumes_mid_delta(
     assert got.text == TEXT[cut:]
 
 
-def test_continuation_reasons_anew_and_sends_tool_calls_whole(client: httpx.Client) -> None:
+def test_continuation_reasons_anew_and_sends_tool_calls_whole(client: httpx2.Client) -> None:
     spec = "chaos:text=10,reasoning=3,tools=2"
     answer = expected_answer(spec)
     fresh = assemble(post_stream(client, spec).objects())
@@ -399,7 +399,7 @@ def test_continuation_reasons_anew_and_sends_tool_calls_whole(client: httpx.Clie
     assert not set(got.item_ids) & set(fresh.item_ids)  # a new response: new ids
 
 
-def test_whole_text_prefix_leaves_no_message_item(client: httpx.Client) -> None:
+def test_whole_text_prefix_leaves_no_message_item(client: httpx2.Client) -> None:
     spec = "chaos:text=6,tools=1"
     answer = expected_answer(spec)
     got = assemble(post_stream(client, spec, input=_prompt_input(answer.text)).objects())
@@ -410,14 +410,14 @@ def test_whole_text_prefix_leaves_no_message_item(client: httpx.Client) -> None:
     assert list(got.calls.values()) == calls_of(spec)
 
 
-def test_prefill_with_continue_final_message(client: httpx.Client) -> None:
+def test_prefill_with_continue_final_message(client: httpx2.Client) -> None:
     cut = 17
     items = [USER, {"role": "assistant", "content": TEXT[:cut]}]
     received = post_stream(client, "chaos", input=items, continue_final_message=True)
     assert assemble(received.objects()).text == TEXT[cut:]
 
 
-def test_prefill_with_prefix_true_on_the_last_item(client: httpx.Client) -> None:
+def test_prefill_with_prefix_true_on_the_last_item(client: httpx2.Client) -> None:
     cut = 23
     prefill = {"type": "message", "role": "assistant", "content": _parts(TEXT[:cut])}
     items = [USER, prefill | {"prefix": True}]
@@ -425,18 +425,18 @@ def test_prefill_with_prefix_true_on_the_last_item(client: httpx.Client) -> None
 
 
 def test_a_trailing_assistant_item_without_a_flag_is_not_a_continuation(
-    client: httpx.Client,
+    client: httpx2.Client,
 ) -> None:
     items = [USER, {"role": "assistant", "content": TEXT[:10]}]
     assert assemble(post_stream(client, "chaos", input=items).objects()).text == TEXT
 
 
-def test_a_prefix_that_is_not_of_the_answer_gets_the_whole_answer(client: httpx.Client) -> None:
+def test_a_prefix_that_is_not_of_the_answer_gets_the_whole_answer(client: httpx2.Client) -> None:
     got = assemble(post_stream(client, "chaos", input=_prompt_input("Something else")).objects())
     assert got.text == TEXT
 
 
-def test_prefill_0_refuses_a_trailing_assistant_item(client: httpx.Client) -> None:
+def test_prefill_0_refuses_a_trailing_assistant_item(client: httpx2.Client) -> None:
     items = [USER, {"role": "assistant", "content": TEXT[:10]}]
     body = {"model": "chaos:prefill=0", "input": items, "continue_final_message": True}
     for stream_flag in (True, False):
@@ -448,7 +448,7 @@ def test_prefill_0_refuses_a_trailing_assistant_item(client: httpx.Client) -> No
     assert got.text == TEXT[10:]
 
 
-def test_echo_and_echo_prefix(client: httpx.Client) -> None:
+def test_echo_and_echo_prefix(client: httpx2.Client) -> None:
     got = assemble(post_stream(client, "chaos:echo=4", input=_prompt_input(TEXT[:20])).objects())
     assert got.text == TEXT[16:]
     got = assemble(
@@ -465,10 +465,10 @@ def _assert_numbered(objects: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize("at", [0, 1, 7, 20])
-def test_reset_after_exactly_at_deltas(client: httpx.Client, at: int) -> None:
+def test_reset_after_exactly_at_deltas(client: httpx2.Client, at: int) -> None:
     spec = f"chaos:fault=reset,at={at}"
     received = post_stream(client, spec)
-    assert isinstance(received.error, httpx.ReadError | httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.ReadError | httpx2.RemoteProtocolError)
     objects = received.objects()
     _assert_numbered(objects)
     got = assemble(objects)
@@ -480,31 +480,31 @@ def test_reset_after_exactly_at_deltas(client: httpx.Client, at: int) -> None:
         assert got.types == ["response.created", "response.in_progress"]
 
 
-def test_reset_without_at_fires_half_way(client: httpx.Client) -> None:
+def test_reset_without_at_fires_half_way(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:text=10,fault=reset")
     assert received.error is not None
     assert assemble(received.objects()).text == first_deltas("chaos:text=10", 5)
 
 
-def test_close_is_an_incomplete_chunked_read(client: httpx.Client) -> None:
+def test_close_is_an_incomplete_chunked_read(client: httpx2.Client) -> None:
     spec = "chaos:fault=close,at=4"
     received = post_stream(client, spec)
-    assert isinstance(received.error, httpx.RemoteProtocolError)
+    assert isinstance(received.error, httpx2.RemoteProtocolError)
     assert "incomplete chunked read" in str(received.error)
     assert assemble(received.objects()).text == first_deltas(spec, 4)
 
 
 def test_stall_is_a_read_timeout(upstream: ChaosUpstream) -> None:
-    timeout = httpx.Timeout(10, read=0.3)
-    with httpx.Client(base_url=upstream.base_url, timeout=timeout) as client:
+    timeout = httpx2.Timeout(10, read=0.3)
+    with httpx2.Client(base_url=upstream.base_url, timeout=timeout) as client:
         started = time.monotonic()
         received = post_stream(client, "chaos:fault=stall,at=3")
-    assert isinstance(received.error, httpx.ReadTimeout)
+    assert isinstance(received.error, httpx2.ReadTimeout)
     assert time.monotonic() - started < 5
     assert assemble(received.objects()).text == first_deltas("chaos", 3)
 
 
-def test_no_finish_ends_cleanly_without_completed(client: httpx.Client) -> None:
+def test_no_finish_ends_cleanly_without_completed(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:fault=no_finish,at=6")
     assert received.error is None
     objects = received.objects()
@@ -515,7 +515,7 @@ def test_no_finish_ends_cleanly_without_completed(client: httpx.Client) -> None:
     assert objects[-1]["type"] == "response.output_text.delta"
 
 
-def test_error_is_a_transient_error_event(client: httpx.Client) -> None:
+def test_error_is_a_transient_error_event(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:fault=error,at=5")
     assert received.error is None
     objects = received.objects()
@@ -534,7 +534,7 @@ def test_error_is_a_transient_error_event(client: httpx.Client) -> None:
     assert objects[-2]["type"] == "response.output_text.delta"
 
 
-def test_error_fatal_is_not_transient(client: httpx.Client) -> None:
+def test_error_fatal_is_not_transient(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:fault=error_fatal,at=2")
     assert received.error is None
     objects = received.objects()
@@ -549,7 +549,7 @@ def test_error_fatal_is_not_transient(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("fault", "code"), [("error_done", "server_error"), ("finish_error", "500")]
 )
-def test_failed_response_is_transient(client: httpx.Client, fault: str, code: str) -> None:
+def test_failed_response_is_transient(client: httpx2.Client, fault: str, code: str) -> None:
     received = post_stream(client, f"chaos:fault={fault},at=3")
     assert received.error is None
     objects = received.objects()
@@ -567,7 +567,7 @@ def test_failed_response_is_transient(client: httpx.Client, fault: str, code: st
     assert got.final is None
 
 
-def test_malformed_event_then_the_rest_of_the_stream(client: httpx.Client) -> None:
+def test_malformed_event_then_the_rest_of_the_stream(client: httpx2.Client) -> None:
     received = post_stream(client, "chaos:fault=malformed,at=2")
     assert received.error is None
     events = received.events()
@@ -587,7 +587,7 @@ def test_malformed_event_then_the_rest_of_the_stream(client: httpx.Client) -> No
     assert got.final is not None
 
 
-def test_at_counts_reasoning_and_argument_fragments(client: httpx.Client) -> None:
+def test_at_counts_reasoning_and_argument_fragments(client: httpx2.Client) -> None:
     spec = "chaos:reasoning=3,text=2,tools=1,arg_deltas=4,fault=close"
     answer = expected_answer(spec)
     got = assemble(post_stream(client, f"{spec},at=4").objects())
@@ -604,7 +604,7 @@ def test_at_counts_reasoning_and_argument_fragments(client: httpx.Client) -> Non
 @pytest.mark.parametrize(
     ("fault", "status"), [("http_400", 400), ("http_429", 429), ("http_503", 503)]
 )
-def test_http_faults_answer_an_error_status(client: httpx.Client, fault: str, status: int) -> None:
+def test_http_faults_answer_an_error_status(client: httpx2.Client, fault: str, status: int) -> None:
     for stream_flag in (True, False):
         body = {"model": f"chaos:fault={fault}", "input": "hi", "stream": stream_flag}
         response = client.post("/responses", json=body)
@@ -612,12 +612,12 @@ def test_http_faults_answer_an_error_status(client: httpx.Client, fault: str, st
         assert response.json()["error"]["message"]
 
 
-def test_reset_before_any_byte(client: httpx.Client) -> None:
-    with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+def test_reset_before_any_byte(client: httpx2.Client) -> None:
+    with pytest.raises((httpx2.ReadError, httpx2.RemoteProtocolError)):
         client.post("/responses", json={"model": "chaos:fault=reset_before", "input": "hi"})
 
 
-def test_times_faults_only_the_first_requests(client: httpx.Client) -> None:
+def test_times_faults_only_the_first_requests(client: httpx2.Client) -> None:
     spec = "chaos:text=6,fault=reset,at=2,times=1"
     assert post_stream(client, spec).error is not None
     clean = post_stream(client, spec)
@@ -636,7 +636,7 @@ def test_sdk_sees_an_error_event_and_a_reset(sdk: openai.OpenAI) -> None:
 # --- non-streaming --------------------------------------------------------------------------
 
 
-def test_non_streaming_returns_the_whole_response(client: httpx.Client) -> None:
+def test_non_streaming_returns_the_whole_response(client: httpx2.Client) -> None:
     spec = "chaos:text=7,reasoning=2,tools=2"
     response = client.post("/responses", json={"model": spec, "input": [USER]})
     assert response.status_code == 200
@@ -666,20 +666,20 @@ def test_non_streaming_through_the_sdk(sdk: openai.OpenAI) -> None:
     assert call.call_id == expected_answer(spec).tool_calls[0].id
 
 
-def test_non_streaming_continuation(client: httpx.Client) -> None:
+def test_non_streaming_continuation(client: httpx2.Client) -> None:
     body = {"model": "chaos", "input": _prompt_input(TEXT[:12])}
     [message] = client.post("/responses", json=body).json()["output"]
     assert message["content"][0]["text"] == TEXT[12:]
 
 
-def test_non_streaming_faults(client: httpx.Client) -> None:
+def test_non_streaming_faults(client: httpx2.Client) -> None:
     for fault in ("error", "error_fatal", "no_finish", "malformed", "finish_error"):
         body = {"model": f"chaos:text=3,fault={fault}", "input": "hi"}
         document = client.post("/responses", json=body).json()
         assert document["output"][0]["content"][0]["text"] == expected_answer("chaos:text=3").text
-    with pytest.raises(httpx.ReadError):
+    with pytest.raises(httpx2.ReadError):
         client.post("/responses", json={"model": "chaos:fault=reset", "input": "hi"})
-    with pytest.raises(httpx.RemoteProtocolError, match="without sending complete message body"):
+    with pytest.raises(httpx2.RemoteProtocolError, match="without sending complete message body"):
         client.post("/responses", json={"model": "chaos:fault=close", "input": "hi"})
 
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
+import httpx2
 import pytest
-from httpx_sse import connect_sse
 
 from gateway.chaos import ChaosUpstream, expected_answer
 
 from .helpers import USER, decode_sse, stream
 
 
-def test_clean_stream_decodes_to_the_expected_answer(client: httpx.Client) -> None:
+def test_clean_stream_decodes_to_the_expected_answer(client: httpx2.Client) -> None:
     received = stream(client, "chaos")
     assert received.status == 200
     assert received.headers["content-type"] == "text/event-stream"
@@ -28,7 +27,7 @@ def test_clean_stream_decodes_to_the_expected_answer(client: httpx.Client) -> No
     assert received.data[-1] == "[DONE]"
 
 
-def test_every_chunk_has_the_openai_shape(client: httpx.Client) -> None:
+def test_every_chunk_has_the_openai_shape(client: httpx2.Client) -> None:
     received = stream(client, "chaos:text=3")
     chunks = [json.loads(item) for item in received.data[:-1]]
     assert len(chunks) == 5  # role, three deltas, finish
@@ -51,7 +50,7 @@ def test_every_chunk_has_the_openai_shape(client: httpx.Client) -> None:
     assert all(chunk["choices"][0]["finish_reason"] is None for chunk in chunks[:-1])
 
 
-def test_reasoning_comes_before_text_and_tools_after(client: httpx.Client) -> None:
+def test_reasoning_comes_before_text_and_tools_after(client: httpx2.Client) -> None:
     spec = "chaos:text=5,reasoning=4,tools=2,arg_deltas=3"
     received = stream(client, spec)
     collected = received.collect()
@@ -77,7 +76,7 @@ def test_reasoning_comes_before_text_and_tools_after(client: httpx.Client) -> No
     }
 
 
-def test_usage_only_when_asked_by_the_request(client: httpx.Client) -> None:
+def test_usage_only_when_asked_by_the_request(client: httpx2.Client) -> None:
     asked = {"include_usage": True}
     assert stream(client, "chaos:text=4,usage=1").collect().usage is None
     assert stream(client, "chaos:text=4", stream_options=asked).collect().usage is None
@@ -87,7 +86,7 @@ def test_usage_only_when_asked_by_the_request(client: httpx.Client) -> None:
     assert usage_chunk["usage"] == {"prompt_tokens": 11, "completion_tokens": 6, "total_tokens": 17}
 
 
-def test_done_can_be_omitted(client: httpx.Client) -> None:
+def test_done_can_be_omitted(client: httpx2.Client) -> None:
     received = stream(client, "chaos:text=2,done=0")
     assert received.error is None
     assert "[DONE]" not in received.data
@@ -95,7 +94,7 @@ def test_done_can_be_omitted(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 7])
-def test_split_writes_still_decode_to_the_answer(client: httpx.Client, split: int) -> None:
+def test_split_writes_still_decode_to_the_answer(client: httpx2.Client, split: int) -> None:
     spec = f"chaos:text=12,tools=1,split={split}"
     received = stream(client, spec)
     assert max(len(piece) for piece in received.chunks) <= split
@@ -104,7 +103,7 @@ def test_split_writes_still_decode_to_the_answer(client: httpx.Client, split: in
     assert collected.tool_calls[0]["arguments"] == expected_answer(spec).tool_calls[0].arguments
 
 
-def test_split_pieces_cut_multibyte_characters(client: httpx.Client) -> None:
+def test_split_pieces_cut_multibyte_characters(client: httpx2.Client) -> None:
     received = stream(client, "chaos:text=8,split=2")
     undecodable = 0
     for piece in received.chunks:
@@ -118,7 +117,7 @@ def test_split_pieces_cut_multibyte_characters(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("lineend", "terminator"), [("lf", b"\n\n"), ("crlf", b"\r\n\r\n"), ("cr", b"\r\r")]
 )
-def test_line_endings(client: httpx.Client, lineend: str, terminator: bytes) -> None:
+def test_line_endings(client: httpx2.Client, lineend: str, terminator: bytes) -> None:
     spec = f"chaos:text=6,lineend={lineend}"
     received = stream(client, spec)
     raw = received.raw
@@ -129,7 +128,7 @@ def test_line_endings(client: httpx.Client, lineend: str, terminator: bytes) -> 
     assert received.collect().text == expected_answer(spec).text
 
 
-def test_comments_and_event_fields_are_interleaved(client: httpx.Client) -> None:
+def test_comments_and_event_fields_are_interleaved(client: httpx2.Client) -> None:
     spec = "chaos:text=6,comments=1"
     received = stream(client, spec)
     assert received.raw.count(b": keepalive\n") == 6 + 3
@@ -139,26 +138,26 @@ def test_comments_and_event_fields_are_interleaved(client: httpx.Client) -> None
 
 
 @pytest.mark.parametrize("variant", ["lineend=crlf", "lineend=cr", "comments=1,split=1"])
-def test_httpx_sse_decodes_every_variant(upstream: ChaosUpstream, variant: str) -> None:
+def test_httpx2_sse_decodes_every_variant(upstream: ChaosUpstream, variant: str) -> None:
     spec = f"chaos:text=9,{variant}"
     body = {"model": spec, "messages": [USER], "stream": True}
     with (
-        httpx.Client(base_url=upstream.base_url, timeout=10) as client,
-        connect_sse(client, "POST", "/chat/completions", json=body) as source,
+        httpx2.Client(base_url=upstream.base_url, timeout=10) as client,
+        client.sse("/chat/completions", method="POST", json=body) as source,
     ):
-        data = [event.data for event in source.iter_sse() if event.data]
+        data = [event.data for event in source if event.data]
     text = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in data[:-1])
     assert text == expected_answer(spec).text
 
 
-def test_pace_spreads_the_deltas(client: httpx.Client) -> None:
+def test_pace_spreads_the_deltas(client: httpx2.Client) -> None:
     started = time.monotonic()
     received = stream(client, "chaos:text=4,pace_ms=30")
     assert time.monotonic() - started >= 0.15  # six gaps between seven events
     assert len(decode_sse(received.raw)) == 7
 
 
-def test_first_byte_delay(client: httpx.Client) -> None:
+def test_first_byte_delay(client: httpx2.Client) -> None:
     started = time.monotonic()
     with client.stream(
         "POST", "/chat/completions", json={"model": "chaos:first_byte_ms=200", "stream": True}
@@ -167,17 +166,17 @@ def test_first_byte_delay(client: httpx.Client) -> None:
         response.read()
 
 
-def test_x_chaos_header_overrides_the_model(client: httpx.Client) -> None:
+def test_x_chaos_header_overrides_the_model(client: httpx2.Client) -> None:
     received = stream(client, "gpt-4o", headers={"x-chaos": "chaos:text=2"})
     assert received.collect().text == expected_answer("chaos:text=2").text
     assert json.loads(received.data[0])["model"] == "gpt-4o"
 
 
-def test_unknown_model_gets_the_default_answer(client: httpx.Client) -> None:
+def test_unknown_model_gets_the_default_answer(client: httpx2.Client) -> None:
     assert stream(client, "gpt-4o").collect().text == expected_answer("chaos").text
 
 
-def test_keeps_the_connection_alive_between_streams(client: httpx.Client) -> None:
+def test_keeps_the_connection_alive_between_streams(client: httpx2.Client) -> None:
     ports = set()
     for _ in range(3):
         with client.stream(

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 from hypothesis import given
@@ -132,7 +132,7 @@ def test_a_sampled_continuation_goes_on_after_any_prefix() -> None:
 
 
 def test_rechunk_requests_say_the_same_text_in_other_deltas(
-    client: httpx.Client, upstream: ChaosUpstream
+    client: httpx2.Client, upstream: ChaosUpstream
 ) -> None:
     text = expected_answer(RECHUNK).text
     first, second = (stream(client, RECHUNK) for _ in range(2))
@@ -150,7 +150,7 @@ def test_rechunk_requests_say_the_same_text_in_other_deltas(
 
 
 def test_attempts_are_counted_per_spec_string(
-    client: httpx.Client, upstream: ChaosUpstream
+    client: httpx2.Client, upstream: ChaosUpstream
 ) -> None:
     for model in (RECHUNK, RECHUNK + ",pace_ms=0", RECHUNK):
         stream(client, model)
@@ -160,7 +160,7 @@ def test_attempts_are_counted_per_spec_string(
 
 @pytest.mark.parametrize("cut", [1, 12, 41])
 def test_a_rechunk_continuation_resumes_at_the_offset_split_anew(
-    client: httpx.Client, upstream: ChaosUpstream, cut: int
+    client: httpx2.Client, upstream: ChaosUpstream, cut: int
 ) -> None:
     text = expected_answer(RECHUNK).text
     fresh = _contents(stream(client, RECHUNK).data)
@@ -176,14 +176,14 @@ def test_a_rechunk_continuation_resumes_at_the_offset_split_anew(
     assert continuation.answered_text == text[cut:]
 
 
-def test_a_rechunk_continuation_repeats_the_quoted_anchor_first(client: httpx.Client) -> None:
+def test_a_rechunk_continuation_repeats_the_quoted_anchor_first(client: httpx2.Client) -> None:
     text = expected_answer(RECHUNK).text
     received = stream(client, RECHUNK, _prompt(text[:30], anchor=text[20:30]))
     assert received.collect().text == text[20:]
 
 
 def test_a_reset_then_its_rechunked_continuation_rebuild_the_answer(
-    client: httpx.Client,
+    client: httpx2.Client,
 ) -> None:
     spec = "chaos:text=30,seed=8,rechunk=1,fault=reset,at=9,times=1"
     first = stream(client, spec)
@@ -195,7 +195,9 @@ def test_a_reset_then_its_rechunked_continuation_rebuild_the_answer(
     assert prefix + rest.collect().text == expected_answer(spec).text
 
 
-def test_sample_requests_say_other_text_each(client: httpx.Client, upstream: ChaosUpstream) -> None:
+def test_sample_requests_say_other_text_each(
+    client: httpx2.Client, upstream: ChaosUpstream
+) -> None:
     texts = [stream(client, SAMPLE).collect().text for _ in range(3)]
     assert texts == [sampled_answer(SAMPLE, attempt) for attempt in range(3)]
     assert len(set(texts)) == 3
@@ -205,7 +207,7 @@ def test_sample_requests_say_other_text_each(client: httpx.Client, upstream: Cha
 
 
 def test_a_sample_continuation_accepts_any_prefix(
-    client: httpx.Client, upstream: ChaosUpstream
+    client: httpx2.Client, upstream: ChaosUpstream
 ) -> None:
     prefix = "Once upon a time, a gateway 你好"
     received = stream(client, SAMPLE, _prompt(prefix))
@@ -224,7 +226,7 @@ def test_a_sample_continuation_accepts_any_prefix(
     ],
 )
 def test_a_sample_continuation_reads_the_prefill_shapes(
-    client: httpx.Client, upstream: ChaosUpstream, shape: str, extra: dict[str, Any]
+    client: httpx2.Client, upstream: ChaosUpstream, shape: str, extra: dict[str, Any]
 ) -> None:
     prefix = "Something else entirely"
     assistant: dict[str, Any] = {"role": "assistant", "content": prefix}
@@ -236,7 +238,7 @@ def test_a_sample_continuation_reads_the_prefill_shapes(
 
 
 def test_a_sample_continuation_repeats_the_anchor_then_says_its_own_text(
-    client: httpx.Client, upstream: ChaosUpstream
+    client: httpx2.Client, upstream: ChaosUpstream
 ) -> None:
     first = stream(client, SAMPLE).collect().text
     prefix = first[:33]
@@ -248,7 +250,7 @@ def test_a_sample_continuation_repeats_the_anchor_then_says_its_own_text(
     assert first[33:] != recorded.answered_text
 
 
-def test_sample_and_rechunk_together_split_the_sampled_text(client: httpx.Client) -> None:
+def test_sample_and_rechunk_together_split_the_sampled_text(client: httpx2.Client) -> None:
     spec = SAMPLE + ",rechunk=1"
     received = stream(client, spec)
     assert received.collect().text == sampled_answer(spec, 0)
@@ -256,7 +258,7 @@ def test_sample_and_rechunk_together_split_the_sampled_text(client: httpx.Client
     assert tuple(deltas) == attempt_deltas(parse_spec(spec), 0, "")
 
 
-def test_non_streaming_and_legacy_answers_vary_too(client: httpx.Client) -> None:
+def test_non_streaming_and_legacy_answers_vary_too(client: httpx2.Client) -> None:
     body = {"model": SAMPLE, "messages": _prompt("A prefix")}
     message = client.post("/chat/completions", json=body).json()["choices"][0]["message"]
     assert message["content"] == sampled_answer(SAMPLE, 0, "A prefix")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 import pytest
 import redis
@@ -66,7 +66,7 @@ def load(url: str, run_id: str) -> Checkpoint | None:
     return asyncio.run(go())
 
 
-def read_events(response: httpx.Response, count: int) -> list[str]:
+def read_events(response: httpx2.Response, count: int) -> list[str]:
     out = []
     for line in response.iter_lines():
         if line.startswith("data: "):
@@ -83,7 +83,7 @@ def content(events: list[str]) -> str:
 
 def stream(gateway: RunningGateway, model: str) -> Any:
     body = {"model": model, "messages": MESSAGES, "stream": True}
-    return httpx.stream(
+    return httpx2.stream(
         "POST", gateway.base_url + "/chat/completions", json=body, headers=AUTH, timeout=30
     )
 
@@ -139,7 +139,7 @@ def test_the_in_memory_store_gets_the_last_checkpoint_only(chaos: ChaosUpstream)
         writes = gateway.metrics.registry.get_sample_value
         wait_for(lambda: writes("gateway_checkpoint_writes_total", {"result": "ok"}) == 1)
         # The last one holds the whole answer: a late resume replays it.
-        resumed = httpx.post(
+        resumed = httpx2.post(
             gateway.base_url + "/chat/completions",
             json={},
             headers=AUTH | {"x-run-id": run_id, "x-resume-from": "1"},
@@ -225,12 +225,12 @@ def test_streams_survive_redis_dying_and_checkpoints_resume_when_it_returns(
         wait_for(lambda: len(run_ids) == len(models) and sample(gateway, "ok") >= 8)
         redis_server.stop()
         wait_for(lambda: sample(gateway, "error") > 0)
-        assert httpx.get(gateway.url + "/readyz").status_code == 503
+        assert httpx2.get(gateway.url + "/readyz").status_code == 503
         time.sleep(0.4)  # streams go on meanwhile, unprotected
         redis_server.restart()  # empty: everything it had is gone
         ok_before = sample(gateway, "ok")
         wait_for(lambda: sample(gateway, "ok") > ok_before)
-        assert httpx.get(gateway.url + "/readyz").status_code == 200
+        assert httpx2.get(gateway.url + "/readyz").status_code == 200
         # Rewritten whole after the outage: the log from event 1, not only what is new.
         some = models[0]
         checkpoint = wait_for(lambda: load(redis_server.url, run_ids[some]))

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -96,7 +96,7 @@ class InBand(Exception):
 
 def read_from_a(a: Replica, client: Client) -> None:
     """Stream from A until A dies (its socket resets)."""
-    with contextlib.suppress(httpx.HTTPError, openai.APIError):
+    with contextlib.suppress(httpx2.HTTPError, openai.APIError):
         if client.door == "starting_after":
             with sdk(a) as openai_client:
                 raw = openai_client.responses.with_raw_response.create(
@@ -115,7 +115,7 @@ def read_from_a(a: Replica, client: Client) -> None:
             return
         body = {"model": client.model, "messages": MESSAGES, "stream": True}
         with (
-            httpx.Client(timeout=DEADLINE) as http,
+            httpx2.Client(timeout=DEADLINE) as http,
             http.stream("POST", a.base_url + "/chat/completions", json=body, headers=AUTH) as r,
         ):
             client.run_id = r.headers["x-run-id"]
@@ -168,7 +168,7 @@ def resume_once(b: Replica, client: Client) -> None:
             url = f"{b.base_url}/runs/{client.run_id}/events"
             headers = AUTH | {"last-event-id": str(client.held_events)}
             with (
-                httpx.Client(timeout=DEADLINE) as http,
+                httpx2.Client(timeout=DEADLINE) as http,
                 http.stream("GET", url, headers=headers) as r,
             ):
                 if r.status_code != 200:

@@ -21,7 +21,7 @@ import contextlib
 import time
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -203,7 +203,7 @@ def test_event_source_resume_after_a_crash_is_exact(
     body = {"model": model, "messages": MESSAGES, "stream": True}
     before: list[bytes] = []
     with (
-        httpx.Client(timeout=DEADLINE) as http,
+        httpx2.Client(timeout=DEADLINE) as http,
         http.stream("POST", a.base_url + "/chat/completions", json=body, headers=AUTH) as first,
     ):
         run_id = first.headers["x-run-id"]
@@ -217,7 +217,7 @@ def test_event_source_resume_after_a_crash_is_exact(
                 break
         held, _ = chat_text(before)
         seq = kill(a, store, run_id)
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(httpx2.HTTPError):
             for data in pieces:
                 complete, buffer = sse_events(buffer + data)
                 before += complete
@@ -253,7 +253,7 @@ def test_responses_retrieve_after_a_crash_is_exact_with_rechunked_legs(
                 break
         held = "".join(e.delta for e in first if e.type == "response.output_text.delta")
         seq = kill(a, store, run_id)
-        with contextlib.suppress(httpx.HTTPError, openai.APIError), stream:
+        with contextlib.suppress(httpx2.HTTPError, openai.APIError), stream:
             for event in stream:
                 first.append(event)
     assert len(first) <= seq, "the client got ahead of the checkpoint"

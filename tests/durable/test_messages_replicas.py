@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
+import httpx2
 import orjson
 import pytest
 import redis
@@ -119,7 +119,7 @@ def replayed(replica: Replica, run_id: str, headers: dict[str, str], after: int)
     """``GET /v1/runs/{id}/events`` with ``Last-Event-ID: after``; every event has an id."""
     url = f"{replica.base_url}/runs/{run_id}/events"
     with (
-        httpx.Client(timeout=DEADLINE) as http,
+        httpx2.Client(timeout=DEADLINE) as http,
         http.stream("GET", url, headers=headers | {"last-event-id": str(after)}) as response,
     ):
         assert response.status_code == 200
@@ -356,7 +356,7 @@ def test_another_credential_gets_a_404_on_another_replica_and_takes_nothing_over
     assert body["error"]["type"] == "not_found_error", body
     url = f"{b.base_url}/runs/{run_id}/events"
     other = {"authorization": "Bearer sk-other", "last-event-id": "0"}
-    assert httpx.get(url, headers=other, timeout=DEADLINE).status_code == 404
+    assert httpx2.get(url, headers=other, timeout=DEADLINE).status_code == 404
     assert b.resumed("takeover") == 0
     assert len(chaos.requests_for(model)) == 1
     events = first + resume_with_sdk(b, model, resume)
@@ -370,13 +370,13 @@ def stream_messages(
     headers: dict[str, str],
     into: list[dict[str, Any]],
     stop_after: int | None = None,
-) -> httpx.Response:
+) -> httpx2.Response:
     """POST a streamed ``/v1/messages`` with ``headers``, as a raw HTTP client; read its
     events into ``into`` (pings skipped, as the anthropic SDK skips them): all of them,
     or until ``into`` holds ``stop_after``. The response, its body read if not a 200."""
     body = {"model": model, "max_tokens": MAX_TOKENS, "messages": MESSAGES, "stream": True}
     with (
-        httpx.Client(timeout=DEADLINE) as http,
+        httpx2.Client(timeout=DEADLINE) as http,
         http.stream("POST", replica.url + "/v1/messages", json=body, headers=headers) as response,
     ):
         if response.status_code != 200:
@@ -408,7 +408,7 @@ def test_a_run_started_with_x_api_key_is_owned_by_that_key(
         assert refused.status_code == 404
         assert refused.json()["error"]["type"] == "not_found_error"
         events = f"{b.base_url}/runs/{run_id}/events"
-        assert httpx.get(events, headers=stranger, timeout=DEADLINE).status_code == 404
+        assert httpx2.get(events, headers=stranger, timeout=DEADLINE).status_code == 404
     assert b.resumed("takeover") == 0
     events_read = list(first)
     resumed = stream_messages(b, model, owner | resume, events_read)

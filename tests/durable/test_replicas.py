@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -74,7 +74,7 @@ def test_event_source_resume_on_another_replica_tails_with_consecutive_ids(
     body = {"model": model, "messages": MESSAGES, "stream": True}
     before: list[bytes] = []
     with (
-        httpx.Client(timeout=DEADLINE) as http,
+        httpx2.Client(timeout=DEADLINE) as http,
         http.stream("POST", a.base_url + "/chat/completions", json=body, headers=AUTH) as first,
     ):
         run_id = first.headers["x-run-id"]

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import orjson
 import pytest
 from openai import OpenAI
@@ -68,7 +68,7 @@ def test_sdk_client_resumes_a_live_run_with_exactly_what_it_missed(
     assert sample(gateway, "gateway_resumes_total", kind="local", outcome="ok") == 1
 
 
-def events_of(response: httpx.Response) -> list[tuple[int, Any]]:
+def events_of(response: httpx2.Response) -> list[tuple[int, Any]]:
     """(id, payload) of each event; fails on a comment line (no keepalive after ids)."""
     out: list[tuple[int, Any]] = []
     current = 0
@@ -96,7 +96,9 @@ def test_event_source_resumes_from_last_event_id_and_204s_when_complete(
     body = {"model": model, "messages": MESSAGES, "stream": True}
     auth = {"authorization": "Bearer sk-owner"}
     first: list[str] = []
-    with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, headers=auth) as r:
+    with httpx2.stream(
+        "POST", gateway.base_url + "/chat/completions", json=body, headers=auth
+    ) as r:
         run_id = r.headers["x-run-id"]
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -105,7 +107,7 @@ def test_event_source_resumes_from_last_event_id_and_204s_when_complete(
                 break
         assert not any(line.startswith("id:") for line in first)  # not asked for: no ids
     url = f"{gateway.base_url}/runs/{run_id}/events"
-    with httpx.stream("GET", url, headers=auth | {"last-event-id": "7"}) as r:
+    with httpx2.stream("GET", url, headers=auth | {"last-event-id": "7"}) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         rest = events_of(r)
@@ -114,10 +116,10 @@ def test_event_source_resumes_from_last_event_id_and_204s_when_complete(
     text = "".join(orjson.loads(d)["choices"][0]["delta"].get("content") or "" for d in first)
     assert text + text_of(rest) == expected_answer(model).text
     # Reconnecting after the end (an EventSource does): 204 tells it to stop.
-    done = httpx.get(url, headers=auth | {"last-event-id": str(rest[-1][0])})
+    done = httpx2.get(url, headers=auth | {"last-event-id": str(rest[-1][0])})
     assert done.status_code == 204
     # ?after= works the same, for a first connection that cannot set headers.
-    again = httpx.get(url + "?after=60", headers=auth)
+    again = httpx2.get(url + "?after=60", headers=auth)
     assert [n for n, _ in events_of(again)][0] == 61
 
 
@@ -145,12 +147,12 @@ def test_resume_with_another_credential_or_an_unknown_id_is_a_404(
         ("0" * 32, {"authorization": "Bearer sk-owner"}),
     ]
     for rid, auth in cases:
-        post = httpx.post(
+        post = httpx2.post(
             gateway.base_url + "/chat/completions",
             json={"model": model, "messages": MESSAGES, "stream": True},
             headers=auth | {"x-run-id": rid, "x-resume-from": "3"},
         )
-        get = httpx.get(f"{gateway.base_url}/runs/{rid}/events", headers=auth)
+        get = httpx2.get(f"{gateway.base_url}/runs/{rid}/events", headers=auth)
         for response in (post, get):
             assert response.status_code == 404
             error = response.json()["error"]
@@ -169,7 +171,7 @@ def test_an_expired_run_is_a_404(chaos: ChaosUpstream) -> None:
         received = Received()
         run_id = start(sdk, "chaos:text=5,seed=5", 2, received)
         time.sleep(0.8)
-        response = httpx.get(
+        response = httpx2.get(
             f"{gateway.base_url}/runs/{run_id}/events", headers={"authorization": "Bearer k"}
         )
         assert response.status_code == 404
@@ -178,7 +180,7 @@ def test_an_expired_run_is_a_404(chaos: ChaosUpstream) -> None:
 
 @pytest.mark.parametrize("value", ["-1", "abc", "1e3", "9" * 40])
 def test_a_bad_resume_offset_is_a_clear_400(gateway: RunningGateway, value: str) -> None:
-    response = httpx.post(
+    response = httpx2.post(
         gateway.base_url + "/chat/completions",
         json={"model": "m", "messages": MESSAGES},
         headers={"x-run-id": "abc", "x-resume-from": value},
@@ -256,7 +258,7 @@ def test_without_a_store_live_runs_still_resume_and_stopped_ones_are_gone(
         assert resume(sdk, model, run_id, received).text == expected_answer(model).text
         stopped = start(sdk, PACED.format(seed=9), 3, Received())
         wait_for(lambda: sample(gateway, "gateway_detached_runs_cancelled_total") == 1)
-        response = httpx.get(
+        response = httpx2.get(
             f"{gateway.base_url}/runs/{stopped}/events", headers={"authorization": "Bearer k"}
         )
         assert response.status_code == 404

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anthropic
-import httpx
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
@@ -30,7 +30,7 @@ PACED = "chaos:text=60,seed={seed},pace_ms=40"
 FAR = 5000  # more events than any of these answers has
 
 
-def not_exact(response: httpx.Response) -> None:
+def not_exact(response: httpx2.Response) -> None:
     assert response.status_code == 409, response.text
     assert response.headers["x-should-retry"] == "false"
     error = response.json()["error"]
@@ -83,7 +83,7 @@ def test_a_chat_client_ahead_of_the_log_is_refused_by_every_door(
     assert raised.value.code == "resume_not_exact"
     # The EventSource door.
     not_exact(
-        httpx.get(
+        httpx2.get(
             f"{gateway.base_url}/runs/{run_id}/events",
             headers={"authorization": "Bearer k", "last-event-id": str(FAR)},
         )

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import orjson
 import redis
@@ -31,7 +31,7 @@ def sdk(replica: Replica) -> Iterator[OpenAI]:
 
 def drain(stream: Stream[ChatCompletionChunk], into: Received) -> None:
     """What a client still reads from a replica that died: what it had sent, then an error."""
-    with contextlib.suppress(httpx.HTTPError, openai.APIError), stream:
+    with contextlib.suppress(httpx2.HTTPError, openai.APIError), stream:
         for chunk in stream:
             into.feed(chunk)
 
@@ -62,7 +62,7 @@ def read_events(url: str, after: int) -> list[tuple[int, bytes]]:
     (id, data) of each event; every event must carry an id."""
     events: list[tuple[int, bytes]] = []
     with (
-        httpx.Client(timeout=DEADLINE) as http,
+        httpx2.Client(timeout=DEADLINE) as http,
         http.stream("GET", url, headers=AUTH | {"last-event-id": str(after)}) as rest,
     ):
         assert rest.status_code == 200

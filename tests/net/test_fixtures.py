@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpcore
-import httpx
+import httpcore2
+import httpx2
 import orjson
 import pytest
 
@@ -39,7 +39,7 @@ def deltas(lines: Iterator[str], into: list[str] | None = None) -> list[str]:
     return found
 
 
-def stream_text(client: httpx.Client, base_url: str, model: str) -> str:
+def stream_text(client: httpx2.Client, base_url: str, model: str) -> str:
     with client.stream("POST", f"{base_url}/chat/completions", json=chat(model)) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -60,7 +60,7 @@ def test_pki_files_are_pem(pki: Pki, ca_cert_path: str, client_cert_path: str) -
 
 def test_tls_chaos_is_verified_by_the_private_ca(tls_chaos: ChaosUpstream, pki: Pki) -> None:
     assert tls_chaos.base_url.startswith("https://127.0.0.1:")
-    with httpx.Client(verify=pki.client_context(), timeout=TIMEOUT) as client:
+    with httpx2.Client(verify=pki.client_context(), timeout=TIMEOUT) as client:
         text = stream_text(client, tls_chaos.base_url, "chaos:text=8")
     assert text == expected_answer("chaos:text=8").text
     assert [r.path for r in tls_chaos.requests] == ["/v1/chat/completions"]
@@ -68,17 +68,17 @@ def test_tls_chaos_is_verified_by_the_private_ca(tls_chaos: ChaosUpstream, pki: 
 
 def test_tls_chaos_is_refused_by_another_ca(tls_chaos: ChaosUpstream, pki: Pki) -> None:
     stranger = ssl.create_default_context(cafile=str(pki.stranger_ca_cert))
-    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-        httpx.get(f"{tls_chaos.base_url}/models", verify=stranger, timeout=TIMEOUT)
+    with pytest.raises(httpx2.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx2.get(f"{tls_chaos.base_url}/models", verify=stranger, timeout=TIMEOUT)
     assert tls_chaos.requests == []
 
 
 def test_tls_chaos_faults_still_break_the_stream(tls_chaos: ChaosUpstream, pki: Pki) -> None:
     got: list[str] = []
-    with httpx.Client(verify=pki.client_context(), timeout=TIMEOUT) as client:
+    with httpx2.Client(verify=pki.client_context(), timeout=TIMEOUT) as client:
         url = f"{tls_chaos.base_url}/chat/completions"
         body = chat("chaos:text=8,fault=close,at=3")
-        with pytest.raises(httpx.RemoteProtocolError), client.stream("POST", url, json=body) as r:
+        with pytest.raises(httpx2.RemoteProtocolError), client.stream("POST", url, json=body) as r:
             deltas(r.iter_lines(), got)
     assert len(got) == 3
     assert "".join(got) == expected_answer("chaos:text=8").text[: len("".join(got))]
@@ -89,8 +89,8 @@ def test_mtls_chaos_refuses_a_client_without_a_certificate(
 ) -> None:
     # TLS 1.3: the client's handshake is over before the server checks; the refusal is
     # the server's alert, then a closed connection, where the response should be.
-    with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
-        httpx.get(f"{mtls_chaos.base_url}/models", verify=pki.client_context(), timeout=TIMEOUT)
+    with pytest.raises((httpx2.ConnectError, httpx2.ReadError, httpx2.RemoteProtocolError)):
+        httpx2.get(f"{mtls_chaos.base_url}/models", verify=pki.client_context(), timeout=TIMEOUT)
     assert mtls_chaos.requests == []
 
 
@@ -99,8 +99,8 @@ def test_mtls_chaos_refuses_a_certificate_from_another_ca(
 ) -> None:
     context = pki.client_context()
     context.load_cert_chain(str(pki.stranger_client_pem))
-    with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
-        httpx.get(f"{mtls_chaos.base_url}/models", verify=context, timeout=TIMEOUT)
+    with pytest.raises((httpx2.ConnectError, httpx2.ReadError, httpx2.RemoteProtocolError)):
+        httpx2.get(f"{mtls_chaos.base_url}/models", verify=context, timeout=TIMEOUT)
     assert mtls_chaos.requests == []
 
 
@@ -109,13 +109,13 @@ def test_mtls_chaos_accepts_the_client_certificate(
 ) -> None:
     context = pki.client_context()
     context.load_cert_chain(client_cert_path, client_key_path)
-    with httpx.Client(verify=context, timeout=TIMEOUT) as client:
+    with httpx2.Client(verify=context, timeout=TIMEOUT) as client:
         assert stream_text(client, mtls_chaos.base_url, "chaos:text=5") == (
             expected_answer("chaos:text=5").text
         )
     combined = pki.client_context()
     combined.load_cert_chain(str(pki.client_pem))  # chain and key in one file
-    response = httpx.get(f"{mtls_chaos.base_url}/models", verify=combined, timeout=TIMEOUT)
+    response = httpx2.get(f"{mtls_chaos.base_url}/models", verify=combined, timeout=TIMEOUT)
     assert response.status_code == 200
 
 
@@ -129,7 +129,7 @@ def basic(user: str, password: str) -> str:
 def test_proxy_tunnels_https_with_connect(
     proxy: ForwardProxy, tls_chaos: ChaosUpstream, pki: Pki
 ) -> None:
-    with httpx.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
+    with httpx2.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
         assert stream_text(client, tls_chaos.base_url, "chaos:text=6") == (
             expected_answer("chaos:text=6").text
         )
@@ -139,7 +139,7 @@ def test_proxy_tunnels_https_with_connect(
 
 def test_proxy_forwards_http_in_absolute_form(proxy: ForwardProxy, chaos: ChaosUpstream) -> None:
     chaos.requests.clear()
-    with httpx.Client(proxy=proxy.url, timeout=TIMEOUT) as client:
+    with httpx2.Client(proxy=proxy.url, timeout=TIMEOUT) as client:
         assert stream_text(client, chaos.base_url, "chaos:text=6") == (
             expected_answer("chaos:text=6").text
         )
@@ -158,7 +158,7 @@ def test_proxy_does_not_buffer_a_stream(
     # 7 events (role, 4 deltas, finish, [DONE]) 250 ms apart: 1.5 s in all.
     model = "chaos:text=4,pace_ms=250"
     arrivals: list[float] = []
-    with httpx.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
+    with httpx2.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
         start = time.monotonic()
         url = f"{upstream.base_url}/chat/completions"
         with client.stream("POST", url, json=chat(model)) as response:
@@ -183,14 +183,14 @@ class _Stamped(list[str]):
 
 def test_proxy_passes_on_a_reset_and_a_close(proxy: ForwardProxy, chaos: ChaosUpstream) -> None:
     url = f"{chaos.base_url}/chat/completions"
-    with httpx.Client(proxy=proxy.url, timeout=TIMEOUT) as client:
+    with httpx2.Client(proxy=proxy.url, timeout=TIMEOUT) as client:
         with (
-            pytest.raises(httpx.ReadError),
+            pytest.raises(httpx2.ReadError),
             client.stream("POST", url, json=chat("chaos:fault=reset")) as r,
         ):
             deltas(r.iter_lines())
         with (
-            pytest.raises(httpx.RemoteProtocolError),
+            pytest.raises(httpx2.RemoteProtocolError),
             client.stream("POST", url, json=chat("chaos:fault=close")) as r,
         ):
             deltas(r.iter_lines())
@@ -204,7 +204,7 @@ def test_auth_proxy_takes_basic_credentials(
         f"http://{PROXY_USER}:s3cr%2Ft%40proxy@127.0.0.1:{auth_proxy.port}"
     )
     proxied = auth_proxy.url_with_credentials
-    with httpx.Client(proxy=proxied, verify=pki.client_context(), timeout=TIMEOUT) as client:
+    with httpx2.Client(proxy=proxied, verify=pki.client_context(), timeout=TIMEOUT) as client:
         assert client.get(f"{tls_chaos.base_url}/models").status_code == 200
         assert client.get(f"{chaos.base_url}/models").status_code == 200
     credentials = basic(PROXY_USER, PROXY_PASSWORD)
@@ -226,8 +226,8 @@ def test_auth_proxy_answers_407_without_the_credentials(
     url = auth_proxy.url
     if password is not None:
         url = f"http://{PROXY_USER}:{password}@127.0.0.1:{auth_proxy.port}"
-    with httpx.Client(proxy=url, verify=pki.client_context(), timeout=TIMEOUT) as client:
-        with pytest.raises(httpx.ProxyError, match="407"):
+    with httpx2.Client(proxy=url, verify=pki.client_context(), timeout=TIMEOUT) as client:
+        with pytest.raises(httpx2.ProxyError, match="407"):
             client.get(f"{tls_chaos.base_url}/models")
         response = client.get(f"{chaos.base_url}/models")
     assert response.status_code == 407
@@ -241,8 +241,8 @@ def test_refusing_proxy_answers_403(
     proxy: ForwardProxy, tls_chaos: ChaosUpstream, pki: Pki
 ) -> None:
     proxy.mode = "refuse"
-    with httpx.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
-        with pytest.raises(httpx.ProxyError, match="403"):
+    with httpx2.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
+        with pytest.raises(httpx2.ProxyError, match="403"):
             client.get(f"{tls_chaos.base_url}/models")
     assert proxy.requests == [ProxiedRequest("CONNECT", f"127.0.0.1:{tls_chaos.port}", None)]
     assert tls_chaos.requests == []
@@ -252,15 +252,15 @@ def test_dropping_proxy_closes_the_connection(
     proxy: ForwardProxy, tls_chaos: ChaosUpstream, pki: Pki
 ) -> None:
     proxy.mode = "drop"
-    with httpx.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
-        with pytest.raises(httpx.RemoteProtocolError):
+    with httpx2.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
+        with pytest.raises(httpx2.RemoteProtocolError):
             client.get(f"{tls_chaos.base_url}/models")
     assert len(proxy.requests) == 1 and tls_chaos.requests == []
 
 
 def test_proxy_answers_502_for_an_unreachable_upstream(proxy: ForwardProxy, pki: Pki) -> None:
-    with httpx.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
-        with pytest.raises(httpx.ProxyError, match="502"):
+    with httpx2.Client(proxy=proxy.url, verify=pki.client_context(), timeout=TIMEOUT) as client:
+        with pytest.raises(httpx2.ProxyError, match="502"):
             client.get("https://127.0.0.1:1/v1/models")
         assert client.get("http://127.0.0.1:1/v1/models").status_code == 502
 
@@ -269,8 +269,8 @@ def test_tls_proxy_is_an_https_proxy(
     tls_proxy: ForwardProxy, tls_chaos: ChaosUpstream, chaos: ChaosUpstream, pki: Pki
 ) -> None:
     assert tls_proxy.url.startswith("https://127.0.0.1:")
-    to_proxy = httpx.Proxy(tls_proxy.url, ssl_context=pki.client_context())
-    with httpx.Client(proxy=to_proxy, verify=pki.client_context(), timeout=TIMEOUT) as client:
+    to_proxy = httpx2.Proxy(tls_proxy.url, ssl_context=pki.client_context())
+    with httpx2.Client(proxy=to_proxy, verify=pki.client_context(), timeout=TIMEOUT) as client:
         assert client.get(f"{tls_chaos.base_url}/models").status_code == 200  # TLS in TLS
         assert client.get(f"{chaos.base_url}/models").status_code == 200
     assert [r.method for r in tls_proxy.requests] == ["CONNECT", "GET"]
@@ -280,12 +280,12 @@ def test_tls_proxy_is_an_https_proxy(
 
 
 @pytest.fixture
-def h2_client(pki: Pki) -> Iterator[httpx.Client]:
-    with httpx.Client(http2=True, verify=pki.client_context(), timeout=TIMEOUT) as client:
+def h2_client(pki: Pki) -> Iterator[httpx2.Client]:
+    with httpx2.Client(http2=True, verify=pki.client_context(), timeout=TIMEOUT) as client:
         yield client
 
 
-def test_h2_upstream_streams_over_http2(h2_upstream: H2Upstream, h2_client: httpx.Client) -> None:
+def test_h2_upstream_streams_over_http2(h2_upstream: H2Upstream, h2_client: httpx2.Client) -> None:
     assert h2_upstream.base_url.startswith("https://127.0.0.1:")
     url = f"{h2_upstream.base_url}/chat/completions"
     with h2_client.stream("POST", url, json=chat("chaos:text=10,seed=2")) as response:
@@ -305,13 +305,13 @@ def test_h2_upstream_streams_over_http2(h2_upstream: H2Upstream, h2_client: http
 
 
 def test_h2_upstream_refuses_http1(h2_upstream: H2Upstream, pki: Pki) -> None:
-    with pytest.raises(httpx.RemoteProtocolError):
-        httpx.get(f"{h2_upstream.base_url}/models", verify=pki.client_context(), timeout=TIMEOUT)
+    with pytest.raises(httpx2.RemoteProtocolError):
+        httpx2.get(f"{h2_upstream.base_url}/models", verify=pki.client_context(), timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("cut", [0, 7, 23])
 def test_h2_upstream_answers_as_the_chaos_upstream(
-    cut: int, h2_upstream: H2Upstream, h2_client: httpx.Client, chaos: ChaosUpstream
+    cut: int, h2_upstream: H2Upstream, h2_client: httpx2.Client, chaos: ChaosUpstream
 ) -> None:
     """The same deltas as the HTTP/1.1 chaos upstream, fresh or continuing a prefix (cut
     mid-delta) with a prompt-mode anchor."""
@@ -326,7 +326,7 @@ def test_h2_upstream_answers_as_the_chaos_upstream(
         ]
     body = chat(model, messages=messages)
     said: list[list[str]] = []
-    with httpx.Client(timeout=TIMEOUT) as http1:
+    with httpx2.Client(timeout=TIMEOUT) as http1:
         for client, base_url in ((h2_client, h2_upstream.base_url), (http1, chaos.base_url)):
             with client.stream("POST", f"{base_url}/chat/completions", json=body) as r:
                 said.append(deltas(r.iter_lines()))
@@ -337,7 +337,7 @@ def test_h2_upstream_answers_as_the_chaos_upstream(
 
 
 def test_h2_upstream_serves_http_faults_and_json(
-    h2_upstream: H2Upstream, h2_client: httpx.Client
+    h2_upstream: H2Upstream, h2_client: httpx2.Client
 ) -> None:
     url = f"{h2_upstream.base_url}/chat/completions"
     limited = h2_client.post(url, json=chat("chaos:fault=http_429_retry,retry_after=3"))
@@ -348,12 +348,12 @@ def test_h2_upstream_serves_http_faults_and_json(
 
 
 def test_h2_goaway_breaks_the_stream_and_the_connection(
-    h2_upstream: H2Upstream, h2_client: httpx.Client
+    h2_upstream: H2Upstream, h2_client: httpx2.Client
 ) -> None:
     model = "chaos:text=10,fault=goaway,at=3,times=1"
     url = f"{h2_upstream.base_url}/chat/completions"
     got: list[str] = []
-    with pytest.raises(httpx.RemoteProtocolError, match="ConnectionTerminated"):
+    with pytest.raises(httpx2.RemoteProtocolError, match="ConnectionTerminated"):
         with h2_client.stream("POST", url, json=chat(model)) as response:
             deltas(response.iter_lines(), got)
     assert len(got) == 3
@@ -366,27 +366,27 @@ def test_h2_goaway_breaks_the_stream_and_the_connection(
 
 
 def test_h2_goaway_on_a_later_stream_escapes_httpx(
-    h2_upstream: H2Upstream, h2_client: httpx.Client
+    h2_upstream: H2Upstream, h2_client: httpx2.Client
 ) -> None:
     """Documents httpcore 1.0.9: a GOAWAY whose last stream id is below a stream already
-    answering raises ``httpcore.ConnectionNotAvailable`` (not an httpx exception) out of
+    answering raises ``httpcore2.ConnectionNotAvailable`` (not an httpx exception) out of
     the body, once the connection has served an earlier stream (a last stream id of 0
     is a RemoteProtocolError instead). A client of httpx must catch it."""
     assert h2_client.get(f"{h2_upstream.base_url}/models").status_code == 200  # stream 1
     url = f"{h2_upstream.base_url}/chat/completions"
-    with pytest.raises(httpcore.ConnectionNotAvailable):
+    with pytest.raises(httpcore2.ConnectionNotAvailable):
         with h2_client.stream("POST", url, json=chat("chaos:fault=goaway,at=2")) as response:
             deltas(response.iter_lines())
     assert h2_upstream.requests[-1].stream_id == 3
 
 
 def test_h2_rst_stream_breaks_only_the_stream(
-    h2_upstream: H2Upstream, h2_client: httpx.Client
+    h2_upstream: H2Upstream, h2_client: httpx2.Client
 ) -> None:
     model = "chaos:text=10,fault=rst_stream,at=3,times=1"
     url = f"{h2_upstream.base_url}/chat/completions"
     got: list[str] = []
-    with pytest.raises(httpx.RemoteProtocolError, match="StreamReset"):
+    with pytest.raises(httpx2.RemoteProtocolError, match="StreamReset"):
         with h2_client.stream("POST", url, json=chat(model)) as response:
             deltas(response.iter_lines(), got)
     assert len(got) == 3
@@ -403,8 +403,8 @@ def test_http11_chaos_plays_h2_faults_as_reset(chaos: ChaosUpstream) -> None:
     url = f"{chaos.base_url}/chat/completions"
     for fault in ("goaway", "rst_stream"):
         got: list[str] = []
-        with httpx.Client(timeout=TIMEOUT) as client:
-            with pytest.raises(httpx.ReadError):
+        with httpx2.Client(timeout=TIMEOUT) as client:
+            with pytest.raises(httpx2.ReadError):
                 with client.stream("POST", url, json=chat(f"chaos:fault={fault},at=2")) as r:
                     deltas(r.iter_lines(), got)
         assert len(got) == 2

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
-import httpx_sse
+import httpx2
 import openai
 import orjson
 import pytest
@@ -52,10 +51,10 @@ def sdk(replica: Replica) -> OpenAI:
 
 def refuses_connections(replica: Replica) -> bool:
     try:
-        httpx.get(replica.url + "/healthz", timeout=1)
-    except httpx.ConnectError:
+        httpx2.get(replica.url + "/healthz", timeout=1)
+    except httpx2.ConnectError:
         return True
-    except httpx.TransportError:
+    except httpx2.TransportError:
         return False  # accepted into the backlog as the listener closed: ask again
     return False
 
@@ -137,13 +136,11 @@ def test_an_event_stream_follower_also_gets_the_whole_drain(
             run_id, stream = start(client, model, received, chunks=3)
             url = f"{replica.url}/v1/runs/{run_id}/events"
             with (
-                httpx.Client(timeout=DEADLINE) as http,
-                httpx_sse.connect_sse(
-                    http, "GET", url, headers={"authorization": "Bearer sk-test"}
-                ) as events,
+                httpx2.Client(timeout=DEADLINE) as http,
+                http.sse(url, headers={"authorization": "Bearer sk-test"}) as events,
             ):
                 replica.terminate()
-                for event in events.iter_sse():
+                for event in events:
                     if event.data == "[DONE]":
                         break
                     for choice in orjson.loads(event.data)["choices"]:

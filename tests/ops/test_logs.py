@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.chaos import ChaosUpstream, expected_answer
@@ -43,9 +43,9 @@ logging:
 """
 
 
-def chat(replica: Replica, model: str, *, stream: bool = True) -> httpx.Response:
+def chat(replica: Replica, model: str, *, stream: bool = True) -> httpx2.Response:
     body = {"model": model, "stream": stream, "messages": [{"role": "user", "content": PROMPT}]}
-    return httpx.post(replica.base_url + "/chat/completions", json=body, headers=HEADERS)
+    return httpx2.post(replica.base_url + "/chat/completions", json=body, headers=HEADERS)
 
 
 def start(chaos: ChaosUpstream, tmp_path: Path, *, content: bool) -> tuple[Replicas, Replica]:
@@ -89,11 +89,11 @@ def test_one_json_line_per_request_and_no_key_prompt_or_completion(
     clean, recovered = chat(replica, CLEAN), chat(replica, RECOVERED)
     assert clean.text.endswith("[DONE]\n\n") and recovered.text.endswith("[DONE]\n\n")
     assert chat(replica, CLEAN, stream=False).status_code == 200
-    assert httpx.post(replica.base_url + "/chat/completions", headers=HEADERS).status_code == 400
+    assert httpx2.post(replica.base_url + "/chat/completions", headers=HEADERS).status_code == 400
     unknown = {**HEADERS, "x-run-id": "nope"}
-    resumed = httpx.post(replica.base_url + "/chat/completions", headers=unknown, json={})
+    resumed = httpx2.post(replica.base_url + "/chat/completions", headers=unknown, json={})
     assert resumed.status_code == 404
-    assert httpx.get(replica.url + "/healthz").status_code == 200
+    assert httpx2.get(replica.url + "/healthz").status_code == 200
     log = stopped_log(replicas, replica)
 
     lines = records(log)  # every line is JSON: this fails on any that is not
@@ -150,7 +150,7 @@ def test_plain_text_on_a_terminal(chaos: ChaosUpstream, tmp_path: Path) -> None:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: _ready(url), "gateway ready")
-        httpx.post(url + "/v1/chat/completions", json={"model": CLEAN, "stream": True})
+        httpx2.post(url + "/v1/chat/completions", json={"model": CLEAN, "stream": True})
         output = b""
         deadline = time.monotonic() + 10
         while b"gateway.access" not in output and time.monotonic() < deadline:
@@ -168,8 +168,8 @@ def test_plain_text_on_a_terminal(chaos: ChaosUpstream, tmp_path: Path) -> None:
 
 def _ready(url: str) -> bool:
     try:
-        return httpx.get(url + "/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
+        return httpx2.get(url + "/readyz", timeout=1).status_code == 200
+    except httpx2.HTTPError:
         return False
 
 

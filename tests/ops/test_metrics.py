@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -22,7 +22,7 @@ NO_BACKOFF = {"retries": 1, "backoff_initial": 0, "backoff_max": 0, "idle_retry_
 
 
 def scrape(url: str) -> dict[str, list[Sample]]:
-    response = httpx.get(url + "/metrics", follow_redirects=False)
+    response = httpx2.get(url + "/metrics", follow_redirects=False)
     assert response.status_code == 200
     samples: dict[str, list[Sample]] = {}
     for family in text_string_to_metric_families(response.text):
@@ -38,17 +38,17 @@ def value(samples: dict[str, list[Sample]], name: str, **labels: str) -> float:
     return found[0] if found else 0.0
 
 
-def stream(base_url: str, model: str) -> httpx.Response:
+def stream(base_url: str, model: str) -> httpx2.Response:
     body = {
         "model": model,
         "stream": True,
         "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "hi"}],
     }
-    return httpx.post(base_url + "/chat/completions", json=body)
+    return httpx2.post(base_url + "/chat/completions", json=body)
 
 
-def usage_of(response: httpx.Response) -> dict[str, int]:
+def usage_of(response: httpx2.Response) -> dict[str, int]:
     [usage] = [
         json.loads(line[6:])["usage"]
         for line in response.text.splitlines()
@@ -113,10 +113,10 @@ def test_counters_after_a_clean_a_recovered_and_a_failed_stream(gateway: Running
 def test_errors_and_other_routes_are_counted_by_route_and_status(
     gateway: RunningGateway,
 ) -> None:
-    httpx.post(gateway.base_url + "/chat/completions", content=b"{")  # invalid JSON
-    httpx.get(gateway.base_url + "/models")
-    httpx.get(gateway.url + "/healthz")
-    httpx.get(gateway.url + "/nowhere")
+    httpx2.post(gateway.base_url + "/chat/completions", content=b"{")  # invalid JSON
+    httpx2.get(gateway.base_url + "/models")
+    httpx2.get(gateway.url + "/healthz")
+    httpx2.get(gateway.url + "/nowhere")
     m = scrape(gateway.url)
     assert value(m, "gateway_requests_total", route="none", method="POST", status="400") == 1
     assert value(m, "gateway_requests_total", route="passthrough", method="GET", status="200") == 1
@@ -127,7 +127,7 @@ def test_errors_and_other_routes_are_counted_by_route_and_status(
 
 
 def test_metrics_is_served_at_its_path_without_a_redirect(gateway: RunningGateway) -> None:
-    response = httpx.get(gateway.url + "/metrics", follow_redirects=False)
+    response = httpx2.get(gateway.url + "/metrics", follow_redirects=False)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=")
     assert "gateway_requests_total" in response.text

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import redis
 from redis.crc import key_slot
@@ -47,7 +47,7 @@ def redis_server() -> Iterator[RedisServer]:
 def readiness(gateway: RunningGateway) -> tuple[int, str | None, float]:
     """Status, reason and how long ``/readyz`` took to answer."""
     started = time.monotonic()
-    response = httpx.get(gateway.url + "/readyz", timeout=5)
+    response = httpx2.get(gateway.url + "/readyz", timeout=5)
     reason: str | None = response.json().get("reason")
     return response.status_code, reason, time.monotonic() - started
 
@@ -127,7 +127,7 @@ def test_readyz_stays_ready_and_quick_while_tails_hold_every_pooled_connection(
     asyncio.run(store_a_live_run())
     with (
         durable_gateway(chaos, redis_server.url, pool_size=1, lease_ttl=60) as gateway,
-        httpx.stream("GET", f"{gateway.base_url}/runs/{run_id}/events?after=1") as tail,
+        httpx2.stream("GET", f"{gateway.base_url}/runs/{run_id}/events?after=1") as tail,
     ):
         assert tail.status_code == 200
         time.sleep(0.2)  # the tail is blocked in its first read

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.chaos import ChaosUpstream
@@ -50,10 +50,10 @@ def test_workers_die_with_a_killed_supervisor(chaos: ChaosUpstream, tmp_path: Pa
 
         def read() -> None:
             try:
-                with httpx.stream("POST", replica.base_url + "/chat/completions", json=body) as r:
+                with httpx2.stream("POST", replica.base_url + "/chat/completions", json=body) as r:
                     for _ in r.iter_bytes():
                         pass
-            except httpx.HTTPError:
+            except httpx2.HTTPError:
                 pass
             ended.set()
 
@@ -65,5 +65,5 @@ def test_workers_die_with_a_killed_supervisor(chaos: ChaosUpstream, tmp_path: Pa
         replica.process.wait(10)
         wait_until(lambda: not any(alive(pid) for pid in workers), "the workers are gone", 5)
         assert ended.wait(5), "the stream went on after its replica was killed"
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(replica.url + "/healthz", timeout=2)
+        with pytest.raises(httpx2.ConnectError):
+            httpx2.get(replica.url + "/healthz", timeout=2)

@@ -1,7 +1,8 @@
 """The upstream SSE layer, fed raw bytes split at every kind of boundary (no sockets).
 
-httpx-sse is the reference: on any body it accepts, the gateway's decoder must
-yield the same data payloads, however the body is cut into reads.
+httpx2's SSE reader (httpx-sse's, taken into httpx2) is the reference: on any body
+it accepts, the gateway's decoder must yield the same data payloads, however the
+body is cut into reads.
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import httpx
-import httpx_sse
+import httpx2
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -20,7 +20,7 @@ from gateway.errors import UpstreamFailure
 from gateway.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder, aiter_data
 
 
-class ChunkedBody(httpx.AsyncByteStream):
+class ChunkedBody(httpx2.AsyncByteStream):
     def __init__(self, parts: list[bytes]) -> None:
         self.parts = parts
 
@@ -35,7 +35,7 @@ def decode(
     max_event_bytes: int = MAX_EVENT_BYTES,
 ) -> list[bytes]:
     async def collect() -> list[bytes]:
-        response = httpx.Response(
+        response = httpx2.Response(
             200, headers={"content-type": content_type}, stream=ChunkedBody(parts)
         )
         return [data async for data in aiter_data(response, max_event_bytes)]
@@ -44,9 +44,9 @@ def decode(
 
 
 def reference(body: bytes) -> list[bytes]:
-    """httpx-sse's reading of a whole body: the data of each event that has some."""
-    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-    events = httpx_sse.EventSource(response).iter_sse()
+    """httpx2's SSE reading of a whole body: the data of each event that has some."""
+    response = httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    events = httpx2.EventSource(response)
     return [event.data.encode() for event in events if event.data]
 
 
@@ -103,7 +103,7 @@ LINES = st.lists(
     newline=st.sampled_from(["\n", "\r\n", "\r"]),
     cuts=st.lists(st.integers(min_value=0), max_size=12),
 )
-def test_any_field_mix_decodes_as_httpx_sse_does(
+def test_any_field_mix_decodes_as_httpx2_does(
     lines: list[str], newline: str, cuts: list[int]
 ) -> None:
     body = newline.join(lines).encode()
@@ -158,7 +158,7 @@ def test_a_line_over_the_limit_raises_a_protocol_error_and_is_let_go() -> None:
     assert decoder.held == 906
     with pytest.raises(EventTooLarge) as raised:
         decoder.feed(b"x" * 200)  # no line end yet: 1106 bytes
-    assert isinstance(raised.value, httpx.RemoteProtocolError)  # a broken stream to the run
+    assert isinstance(raised.value, httpx2.RemoteProtocolError)  # a broken stream to the run
     assert decoder.held == 0
 
 
@@ -187,14 +187,14 @@ def test_a_huge_line_is_refused_without_being_buffered_whole() -> None:
     async def collect() -> list[bytes]:
         nonlocal fed
 
-        class Counting(httpx.AsyncByteStream):
+        class Counting(httpx2.AsyncByteStream):
             async def __aiter__(self) -> AsyncIterator[bytes]:
                 nonlocal fed
                 for part in parts:
                     fed += len(part)
                     yield part
 
-        response = httpx.Response(
+        response = httpx2.Response(
             200, headers={"content-type": "text/event-stream"}, stream=Counting()
         )
         return [data async for data in aiter_data(response, limit)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -75,8 +75,8 @@ def test_queries_with_unsafe_characters_are_refused(query: bytes) -> None:
 
 @pytest.mark.parametrize("root", ROOTS)
 def test_upstream_url_keeps_the_base_path(root: str) -> None:
-    url = upstream_url(httpx.URL(root), "/files?limit=2")
-    base = httpx.URL(root)
+    url = upstream_url(httpx2.URL(root), "/files?limit=2")
+    base = httpx2.URL(root)
     assert url.host == base.host and url.port == base.port
     assert url.raw_path == base.raw_path.rstrip(b"/") + b"/files?limit=2"
 
@@ -84,7 +84,7 @@ def test_upstream_url_keeps_the_base_path(root: str) -> None:
 @given(raw=st.binary(max_size=64), query=st.binary(max_size=16), root=st.sampled_from(ROOTS))
 def test_no_request_target_changes_the_authority(raw: bytes, query: bytes, root: str) -> None:
     """Whatever bytes arrive as a path: refused, or sent to the configured host and port."""
-    base = httpx.URL(root)
+    base = httpx2.URL(root)
     try:
         target = relay_target(b"/v1/" + raw, query)
     except UnsafePath:
@@ -99,7 +99,7 @@ def test_no_request_target_changes_the_authority(raw: bytes, query: bytes, root:
     assert url.raw_path.startswith(base.raw_path.rstrip(b"/") + b"/")
     assert b".." not in url.raw_path.split(b"?")[0].split(b"/")
     # What an HTTP server would read as the path has the upstream's base path in front.
-    reparsed = httpx.URL(str(url))
+    reparsed = httpx2.URL(str(url))
     assert (reparsed.host, reparsed.port) == (base.host, base.port)
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.upstream.connection import whole
@@ -55,15 +55,15 @@ class Server:
 
 def transport(**kwargs: Any) -> Http1Transport:
     options: dict[str, Any] = {"max_connections": 16, "max_keepalive_connections": 16}
-    return Http1Transport(tls=httpx.create_ssl_context(), **(options | kwargs))
+    return Http1Transport(tls=httpx2.create_ssl_context(), **(options | kwargs))
 
 
 async def request(
     pool: Http1Transport, port: int, *, read: float = 5.0, pool_timeout: float = 5.0, **kw: Any
-) -> httpx.Response:
+) -> httpx2.Response:
     timeouts = {"connect": 5.0, "read": read, "write": 5.0, "pool": pool_timeout}
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    sent = httpx.Request("POST", url, content=b'{"a": 1}', extensions={"timeout": timeouts}, **kw)
+    sent = httpx2.Request("POST", url, content=b'{"a": 1}', extensions={"timeout": timeouts}, **kw)
     return await pool.handle_async_request(sent)
 
 
@@ -123,7 +123,7 @@ def test_a_response_closed_before_its_end_closes_its_connection() -> None:
     run(scenario())
 
 
-async def _first(response: httpx.Response) -> Any:
+async def _first(response: httpx2.Response) -> Any:
     async for chunk in response.aiter_raw():
         yield chunk
         return
@@ -157,7 +157,7 @@ def test_a_truncated_chunked_body_is_a_protocol_error() -> None:
         async with Server(truncated) as server:
             pool = transport()
             response = await request(pool, server.port)
-            with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
+            with pytest.raises(httpx2.RemoteProtocolError, match="complete message body"):
                 await response.aread()
             await response.aclose()
             await pool.aclose()
@@ -179,7 +179,7 @@ def test_a_reset_mid_body_is_a_read_error() -> None:
         async with Server(reset) as server:
             pool = transport()
             response = await request(pool, server.port)
-            with pytest.raises(httpx.ReadError):
+            with pytest.raises(httpx2.ReadError):
                 await response.aread()
             await response.aclose()
             await pool.aclose()
@@ -210,7 +210,7 @@ def test_silence_is_a_read_timeout_but_a_slow_drip_is_not() -> None:
         async with Server(silent) as server:
             response = await request(pool, server.port, read=0.3)
             started = time.perf_counter()
-            with pytest.raises(httpx.ReadTimeout):
+            with pytest.raises(httpx2.ReadTimeout):
                 await response.aread()
             assert 0.25 < time.perf_counter() - started < 1.0
             await response.aclose()
@@ -224,7 +224,7 @@ def test_a_full_pool_times_out_and_frees_its_slot_on_close() -> None:
         async with Server(hello) as server:
             pool = transport(max_connections=1)
             first = await request(pool, server.port)
-            with pytest.raises(httpx.PoolTimeout):
+            with pytest.raises(httpx2.PoolTimeout):
                 await request(pool, server.port, pool_timeout=0.1)
             await first.aclose()  # unread: its connection is closed, its slot freed
             second = await request(pool, server.port, pool_timeout=0.1)
@@ -239,7 +239,7 @@ def test_a_header_value_cannot_end_its_line() -> None:
     async def scenario() -> None:
         async with Server(hello) as server:
             pool = transport()
-            with pytest.raises(httpx.LocalProtocolError):
+            with pytest.raises(httpx2.LocalProtocolError):
                 await request(pool, server.port, headers={"x-a": "1\r\nx-injected: 1"})
             assert server.accepted == 0
             await pool.aclose()
@@ -251,12 +251,12 @@ TIMEOUTS: dict[str, float | None] = {"connect": 5.0, "read": 5.0, "write": 5.0, 
 
 
 def test_a_request_from_a_target_writes_the_head_an_httpx_request_would() -> None:
-    # The gateway's own path (no httpx.Request): request line and Host from the target,
+    # The gateway's own path (no httpx2.Request): request line and Host from the target,
     # then the headers as given, then Content-Length and the body.
     async def scenario() -> None:
         async with Server(hello) as server:
             pool = transport()
-            url = httpx.URL(f"http://127.0.0.1:{server.port}/v1/chat/completions?x=1")
+            url = httpx2.URL(f"http://127.0.0.1:{server.port}/v1/chat/completions?x=1")
             target = pool.target("POST", url)
             for headers in (
                 {"authorization": "Bearer k", "x-é": "café"},
@@ -286,8 +286,8 @@ def test_a_header_value_from_a_target_request_cannot_end_its_line(value: str) ->
     async def scenario() -> None:
         async with Server(hello) as server:
             pool = transport()
-            target = pool.target("POST", httpx.URL(f"http://127.0.0.1:{server.port}/v1/x"))
-            with pytest.raises(httpx.LocalProtocolError):
+            target = pool.target("POST", httpx2.URL(f"http://127.0.0.1:{server.port}/v1/x"))
+            with pytest.raises(httpx2.LocalProtocolError):
                 await pool.request(target, {"x-a": value}, b"{}", TIMEOUTS)
             assert server.accepted == 0
             await pool.aclose()
@@ -360,7 +360,7 @@ def test_a_refused_connection_is_a_connect_error() -> None:
 
         async def scenario() -> None:
             pool = transport()
-            with pytest.raises(httpx.ConnectError):
+            with pytest.raises(httpx2.ConnectError):
                 await request(pool, port)
             await pool.aclose()
 
