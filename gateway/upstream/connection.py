@@ -258,7 +258,7 @@ class Connection(asyncio.Protocol):
 
 def set_read_timeout(response: httpx2.Response, seconds: float) -> bool:
     """From now on, fail ``response`` (this engine's only) once nothing arrived for
-    ``seconds``; False if its engine cannot (httpx's and aiohttp's set theirs per request)."""
+    ``seconds``; False if its engine cannot (httpx2's sets its own per request)."""
     body = response.stream
     if type(body) is not _Body or body._connection is None:
         return False

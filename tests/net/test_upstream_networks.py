@@ -259,7 +259,11 @@ def test_a_goaway_on_a_later_stream_of_a_connection_is_recovered_too(
 
 
 def test_ssl_cert_dir_is_honoured(
-    no_proxy_env: pytest.MonkeyPatch, tls_chaos: ChaosUpstream, pki: Pki, tmp_path: Path
+    engine: str,
+    no_proxy_env: pytest.MonkeyPatch,
+    tls_chaos: ChaosUpstream,
+    pki: Pki,
+    tmp_path: Path,
 ) -> None:
     """A directory of CA certificates named by their subject hash (``openssl rehash``)."""
     subject_hash = subprocess.run(
@@ -272,7 +276,7 @@ def test_ssl_cert_dir_is_honoured(
     no_proxy_env.delenv("SSL_CERT_FILE", raising=False)
     no_proxy_env.setenv("SSL_CERT_DIR", str(tmp_path))
     model = "chaos:text=10,seed=12"
-    assert streamed(config(tls_chaos.base_url), model) == expected_answer(model).text
+    assert streamed(config(tls_chaos.base_url, engine=engine), model) == expected_answer(model).text
 
 
 def test_an_https_proxy_is_spoken_to_over_tls_checked_like_the_upstream(

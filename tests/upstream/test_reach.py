@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from pydantic import SecretStr
 
 from gateway.config.load import parse_config
 from gateway.config.schema import ConfigError, Upstream, mask_url
-from gateway.upstream.reach import bypassed, reach_of
+from gateway.upstream.reach import bypassed, reach_of, tls_context
 
 
 def upstream(**fields: Any) -> Upstream:
@@ -76,7 +79,7 @@ def test_the_engine_is_the_builtin_one_unless_http2_or_a_tls_proxy_needs_httpx()
     assert reach_of(upstream(), {"HTTPS_PROXY": "http://p:1"}).engine == "builtin"
     assert reach_of(upstream(), {"HTTPS_PROXY": "https://p:1"}).engine == "httpx"
     assert reach_of(upstream(http2=True), {}).engine == "httpx"
-    assert reach_of(upstream(engine="aiohttp"), {}).engine == "aiohttp"
+    assert reach_of(upstream(engine="httpx"), {}).engine == "httpx"
 
 
 def test_an_engine_that_cannot_do_what_is_asked_is_refused() -> None:
@@ -88,12 +91,18 @@ def test_an_engine_that_cannot_do_what_is_asked_is_refused() -> None:
         upstream(tls={"client_key": "/k.pem"})
 
 
+def test_engine_aiohttp_is_refused_saying_why() -> None:
+    """httpx-aiohttp works with httpx, not httpx2: a config that names it is told so."""
+    with pytest.raises(ConfigError, match="engine aiohttp is no longer offered.*httpx2"):
+        upstream(engine="aiohttp")
+
+
 def test_check_config_shows_the_way_with_credentials_masked() -> None:
     reach = reach_of(upstream(proxy="http://user:s3cret@corp:3128"), {})
     line = reach.describe()
     assert "s3cret" not in line and "user:****@corp:3128" in line
     assert line.startswith("via proxy") and "HTTP/1.1 (builtin engine)" in line
-    assert "certifi" in reach_of(upstream(), {}).describe()
+    assert "CAs: the system store" in reach_of(upstream(), {}).describe()
     assert "SSL_CERT_FILE=/ca.pem" in reach_of(upstream(), {"SSL_CERT_FILE": "/ca.pem"}).ca
     assert reach_of(upstream(tls={"verify": False}), {}).ca == "none (verify: false)"
 
@@ -143,3 +152,54 @@ def _error(call: Callable[[], object]) -> Exception:
     except Exception as exc:  # noqa: BLE001 - the test reads its message
         return exc
     raise AssertionError("no error")
+
+
+# -- which CAs are trusted ----------------------------------------------------------------
+
+
+def _cas(context: ssl.SSLContext) -> set[bytes]:
+    return {bytes(cert) for cert in context.get_ca_certs(binary_form=True)}
+
+
+@pytest.fixture
+def system_cas(monkeypatch: pytest.MonkeyPatch) -> set[bytes]:
+    """What the operating system trusts: OpenSSL's compiled-in CA file and directory,
+    read without the environment variables that would override them."""
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    paths = ssl.get_default_verify_paths()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if Path(paths.openssl_cafile).is_file():
+        context.load_verify_locations(cafile=paths.openssl_cafile)
+    cas = _cas(context)
+    if not cas:
+        pytest.fail(f"this machine has no CA file at {paths.openssl_cafile}: nothing to compare")
+    return cas
+
+
+@pytest.mark.parametrize("engine", ["builtin", "httpx"])
+def test_nothing_configured_trusts_the_system_store_on_every_engine(
+    system_cas: set[bytes], engine: str
+) -> None:
+    """httpx2's default (the OS's store), not certifi's bundle; the same on both engines."""
+    up = upstream(engine=engine)
+    assert reach_of(up, {}).ca == "the system store"
+    context = tls_context(up, {})
+    assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+    assert _cas(context) == system_cas
+
+
+def test_ca_file_and_ssl_cert_file_replace_the_system_store(
+    system_cas: set[bytes], tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    pem = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(pem))
+    private = {ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode())}
+    assert _cas(tls_context(upstream(tls={"ca_file": str(pem)}), {})) == private
+    assert _cas(tls_context(upstream(), {"SSL_CERT_FILE": str(pem)})) == private
+    # ca_file wins over the environment.
+    other = tmp_path / "other.pem"
+    trustme.CA().cert_pem.write_to_path(str(other))
+    both = tls_context(upstream(tls={"ca_file": str(pem)}), {"SSL_CERT_FILE": str(other)})
+    assert _cas(both) == private
