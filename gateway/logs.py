@@ -120,8 +120,8 @@ def config(level: str, format: Format) -> dict[str, Any]:
             "uvicorn": {"handlers": ["default"], "level": upper, "propagate": False},
             # uvicorn's access log is off: gateway.access writes one richer line per request.
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
-            # httpx logs every upstream request at INFO: the request line covers it.
-            "httpx": {"handlers": ["default"], "level": "WARNING", "propagate": False},
+            # httpx2 logs every upstream request at INFO: the request line covers it.
+            "httpx2": {"handlers": ["default"], "level": "WARNING", "propagate": False},
         },
         "root": {"handlers": ["default"], "level": "WARNING"},
     }

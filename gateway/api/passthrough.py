@@ -70,7 +70,7 @@ async def relay(
     )
     headers = gateway.upstreams.request_headers(leg.upstream, forwarded, client_authorization)
     # The body is relayed as received: the upstream may compress it only if the client
-    # said it can decode that (httpx would otherwise offer gzip on the client's behalf).
+    # said it can decode that (httpx2 would otherwise offer gzip on the client's behalf).
     headers.setdefault("accept-encoding", "identity")
     response = await gateway.upstreams.forward(
         leg, request.method, target or _upstream_target(request), headers, content

@@ -116,7 +116,7 @@ class ChaosUpstream:
 
     With ``ssl`` it speaks HTTP/1.1 over TLS (``base_url`` is ``https://``); the faults
     act on the TCP socket under it, so ``reset`` is still a RST, ``close`` a FIN (after
-    close_notify). Python's ssl reads that RST as an unexpected EOF: httpx says
+    close_notify). Python's ssl reads that RST as an unexpected EOF: httpx2 says
     RemoteProtocolError where, without TLS, it says ReadError.
     """
 

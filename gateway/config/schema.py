@@ -383,7 +383,7 @@ class Limits(_Model):
     # the upstream until it catches up (back-pressure); one that reads nothing for
     # state.detach_grace is no longer waited for, as if it had left.
     max_client_lag_bytes: int = Field(default=1024 * 1024, gt=0)
-    # httpx's default pool of 100 connections would cap concurrent streams at 100.
+    # httpx2's default pool of 100 connections would cap concurrent streams at 100.
     max_connections: int = Field(default=4096, gt=0)
     max_keepalive_connections: int = Field(default=512, ge=0)
     # One upstream SSE line or event; beyond it the stream counts as broken (and is

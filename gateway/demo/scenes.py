@@ -25,7 +25,7 @@ class Scenario:
     title: str  # what breaks, and where
     spec: str  # the chaos model name, without pacing; times=1: only the first request breaks
     rescuable: bool = True
-    # Chat completions (httpx), the Responses API (the openai SDK), or the Anthropic
+    # Chat completions (httpx2), the Responses API (the openai SDK), or the Anthropic
     # Messages API (the anthropic SDK).
     api: str = CHAT
     needs: str = ""  # a package its gateway needs besides the SDK: botocore (Bedrock)

@@ -80,7 +80,7 @@ class Stage:
 
 @contextlib.contextmanager
 def staged() -> Iterator[Stage]:
-    """The chaos upstream and a gateway in front of it, each in a thread; an httpx client."""
+    """The chaos upstream and a gateway in front of it, each in a thread; an httpx2 client."""
     metrics = Metrics()
     logger = logging.getLogger("gateway")
     level = logger.level

@@ -24,7 +24,7 @@ class Cause(enum.StrEnum):
 
 
 def classify_transport_error(exc: BaseException) -> Cause:
-    """Map an httpx error raised while waiting for or reading a response."""
+    """Map an httpx2 error raised while waiting for or reading a response."""
     if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout | httpx2.PoolTimeout):
         return Cause.CONNECT
     if isinstance(exc, httpx2.ProxyError):  # the proxy refused the tunnel (403, 407…)

@@ -52,7 +52,7 @@ def decode(data: bytes) -> Chunk | Malformed:
     """A payload as a JSON object (a ``Chunk`` to classify further), or ``Malformed``.
 
     Invalid UTF-8 (orjson refuses it) is decoded as a direct client's SDK would
-    (httpx decodes with replacement): U+FFFD, never a silent drop of the whole event
+    (httpx2 decodes with replacement): U+FFFD, never a silent drop of the whole event
     and its content. The repaired payload is what is relayed.
     """
     try:

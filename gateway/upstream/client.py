@@ -1,7 +1,7 @@
-"""The one place that speaks HTTP to upstreams: httpx requests over each upstream's transport
-(``reach.py``: the gateway's own HTTP/1.1 engine, or httpx's over HTTP/2 or an https:// proxy).
+"""The one place that speaks HTTP to upstreams: httpx2 requests over each upstream's transport
+(``reach.py``: the gateway's own HTTP/1.1 engine, or httpx2's over HTTP/2 or an https:// proxy).
 
-Errors from httpx are translated here (``map_open_errors``) into the gateway's own
+Errors from httpx2 are translated here (``map_open_errors``) into the gateway's own
 errors, so handlers never see a transport exception before the stream starts.
 """
 
@@ -168,7 +168,7 @@ class UpstreamClient:
                 response = await transport.handle_async_request(request)
         if response.status_code == 407 and upstream in self._forwarded:
             # The proxy refused a plain-http request (a tunnel's refusal is raised by
-            # httpx): the upstream was never reached, as with any connect error.
+            # httpx2): the upstream was never reached, as with any connect error.
             await response.aclose()
             raise httpx2.ProxyError("The proxy refused the request (407).")
         return response
@@ -272,7 +272,7 @@ class UpstreamClient:
         finally:
             await response.aclose()
         headers = [
-            # httpx decodes header values as UTF-8 when they are: back to Latin-1, which
+            # httpx2 decodes header values as UTF-8 when they are: back to Latin-1, which
             # is all a response header can carry, with "?" for what it cannot.
             (k, self.scrub(v.encode("latin-1", "replace")).decode("latin-1"))
             for k, v in end_to_end_headers(response.headers.multi_items())

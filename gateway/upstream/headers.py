@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # RFC 9110 section 7.6.1 (and the non-standard proxy-connection), plus the headers
-# httpx sets from the body it sends.
+# httpx2 sets from the body it sends.
 HOP_BY_HOP = frozenset(
     {
         "connection",

@@ -1,10 +1,11 @@
-"""HTTP/1.1 to upstreams: an httpx transport on asyncio protocols and httptools.
+"""HTTP/1.1 to upstreams: an httpx2 transport on asyncio protocols and httptools.
 
-httpx stays the gateway's HTTP API (requests, responses, timeouts, errors); this
-replaces its default engine, httpcore, under it. At 256 concurrent streams
-httpcore's read path (h11, anyio, a timeout scope per read) and its pool (which
+httpx2 stays the gateway's HTTP API (requests, responses, timeouts, errors); this
+replaces its default engine, httpcore2, under it. At 256 concurrent streams
+httpcore 1.0's read path (h11, anyio, a timeout scope per read) and its pool (which
 scans every connection on each request, encode/httpcore#1035) took about 70% of
-the gateway's CPU (BENCHMARKS.md, "Profile"). Here:
+the gateway's CPU (BENCHMARKS.md, "Profile"); httpcore2's still costs 2.2-2.4x
+this engine's CPU per event ("Upstream HTTP engines on httpx2"). Here:
 
 - a connection is an ``asyncio.Protocol`` (``connection.py``): httptools (C, the
   parser uvicorn uses) parses the response as bytes arrive, and the body waits in a
@@ -19,7 +20,7 @@ It speaks what the gateway sends upstream: one request at a time per
 connection, with a body of known length; responses with Content-Length, chunked
 or until-close bodies; directly, or through an ``http://`` forward proxy (a
 ``CONNECT`` tunnel, then TLS over it, for an https upstream; absolute-form
-requests for an http one). Errors are httpx's: ``ConnectError``/``ConnectTimeout``,
+requests for an http one). Errors are httpx2's: ``ConnectError``/``ConnectTimeout``,
 ``ProxyError`` (a tunnel refused), ``ReadError`` (reset), ``ReadTimeout``
 (silence), ``RemoteProtocolError`` (a broken or incomplete response), ``PoolTimeout``.
 """
@@ -38,7 +39,7 @@ import httpx2
 
 from gateway.upstream.connection import Connection, Origin
 
-KEEPALIVE_EXPIRY = 5.0  # seconds an idle connection is kept (httpx's default)
+KEEPALIVE_EXPIRY = 5.0  # seconds an idle connection is kept (httpx2's default)
 
 MAX_TUNNEL_HEAD = 64 * 1024  # a proxy's answer to CONNECT, at most
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
@@ -249,7 +250,7 @@ def _head(
     if proxy_authorization is not None:
         lines.append(b"Proxy-Authorization: %s\r\n" % proxy_authorization)
     for name, value in request.headers.raw:
-        # httpx checks names; a value must not end the header line (request smuggling).
+        # httpx2 checks names; a value must not end the header line (request smuggling).
         if b"\r" in value or b"\n" in value or b"\0" in value:
             raise httpx2.LocalProtocolError(f"Illegal character in header {name.decode()!r}.")
         lines.append(b"%s: %s\r\n" % (name, value))

@@ -98,6 +98,8 @@ def test_one_json_line_per_request_and_no_key_prompt_or_completion(
 
     lines = records(log)  # every line is JSON: this fails on any that is not
     assert {"ts", "level", "logger", "msg", "pid"} <= lines[0].keys()
+    # At debug level too, httpx2's line per upstream request stays out: ours covers it.
+    assert not [r for r in lines if r["logger"].startswith(("httpx", "httpcore"))]
     for secret in (UPSTREAM_KEY, GATEWAY_KEY, "CANARY", PROMPT):
         assert secret not in log
     for model in (CLEAN, RECOVERED):
