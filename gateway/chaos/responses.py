@@ -187,14 +187,20 @@ def response_object(
     }
 
 
-def responses_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {
+def responses_usage(input_tokens: int, output_tokens: int, extra: int = 0) -> dict[str, Any]:
+    """Usage as OpenAI reports it now (``cache_write_tokens`` included); ``extra``:
+    counters nobody knows yet besides, nested and at the top (``usage_extra=N``)."""
+    usage: dict[str, Any] = {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,
     }
+    if extra:
+        usage["input_tokens_details"]["future_tokens"] = extra
+        usage["future_usage"] = {"units": extra}
+    return usage
 
 
 def response_id(number: int) -> str:
@@ -260,6 +266,7 @@ def responses_plan(
     created: int = 0,
     input_tokens: int = 11,
     encrypted: bool = False,
+    usage_extra: int = 0,
 ) -> ResponsesPlan:
     """The events of a Responses stream resuming after ``prefix`` of the answer text.
 
@@ -351,7 +358,7 @@ def responses_plan(
         add(ARGUMENTS_DONE, where + _rest({"name": call.name, "arguments": call.arguments}))
         item_done()
 
-    usage = responses_usage(input_tokens, sum(counts))
+    usage = responses_usage(input_tokens, sum(counts), usage_extra)
     response = response_object(identity, created, model, "completed", output, usage)
     add(COMPLETED, _rest({"response": response}))
     return ResponsesPlan(events, counts, response)

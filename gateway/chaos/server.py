@@ -473,6 +473,7 @@ class ChaosUpstream:
             created=created,
             input_tokens=10 + (len(items) if items is not None else 1),
             encrypted=responses.asks_encrypted(payload),
+            usage_extra=spec.usage_extra,
         )
         if payload.get("stream") is not True:
             return await _reply_json(writer, request, orjson.dumps(plan.response), fault)

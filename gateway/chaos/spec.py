@@ -92,6 +92,9 @@ class ChaosSpec:
     prefill: bool = True  # 0: refuse a trailing assistant message with a 400
     rechunk: bool = False  # 1: the same text, split into deltas anew by every request
     sample: bool = False  # 1: other text after the prefix on every request
+    # N: the Responses usage also reports counters no SDK or gateway knows yet (a nested
+    # ``input_tokens_details.future_tokens`` and ``future_usage.units``), N each.
+    usage_extra: int = 0
 
     @property
     def line_ending(self) -> bytes:
@@ -166,6 +169,7 @@ _KEYS: dict[str, Callable[[str], object]] = {
     "prefill": _flag,
     "rechunk": _flag,
     "sample": _flag,
+    "usage_extra": _integer(0, 1_000_000),
 }
 
 

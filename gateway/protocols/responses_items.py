@@ -14,6 +14,11 @@ from typing import Any
 from gateway.recovery.accumulator import RunAccumulator
 
 USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
+# What the openai SDK's ResponseUsage requires in its details (3.57: cache_write_tokens).
+REQUIRED_DETAILS = {
+    "input_tokens_details": ("cached_tokens", "cache_write_tokens"),
+    "output_tokens_details": ("reasoning_tokens",),
+}
 
 
 @dataclass(slots=True)
@@ -81,20 +86,17 @@ class ResponsesAccumulator(RunAccumulator):
 
     def client_usage(self) -> dict[str, Any]:
         """Usage as a Response carries it, whole (never null: a synthesized end, or one
-        after a recovery, has it too): summed over legs, with its token details."""
-        usage = self.usage
-        if usage is None:
-            usage = dict.fromkeys(USAGE_COUNTS, 0)
-        if "input_tokens_details" in usage and "output_tokens_details" in usage:
-            return usage  # one leg's, as reported
-        legs = list(self.usage_by_leg.values())
-        details = (
-            ("input_tokens_details", "cached_tokens"),
-            ("output_tokens_details", "reasoning_tokens"),
-        )
-        return usage | {
-            field: {name: sum(_detail(leg, field, name) for leg in legs)} for field, name in details
-        }
+        after a recovery, has it too): summed over legs with every field they reported
+        (``RunAccumulator.usage``), and the token details the Response type requires
+        where no leg reported them (an estimate, a server that leaves them out)."""
+        usage = dict(self.usage or dict.fromkeys(USAGE_COUNTS, 0))
+        for key, required in REQUIRED_DETAILS.items():
+            details = usage.get(key)
+            details = dict(details) if isinstance(details, dict) else {}
+            for name in required:
+                details.setdefault(name, 0)
+            usage[key] = details
+        return usage
 
     def output(self) -> list[dict[str, Any]]:
         return [item.final() for item in self.items]
@@ -107,9 +109,3 @@ class ResponsesAccumulator(RunAccumulator):
         if status == "incomplete":
             response["incomplete_details"] = self.incomplete_details
         return response
-
-
-def _detail(usage: dict[str, Any], field: str, name: str) -> int:
-    details = usage.get(field)
-    value = details.get(name) if type(details) is dict else None
-    return value if type(value) is int else 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.recovery.usage import LegMeasure, estimate_usage
+from gateway.recovery.usage import LegMeasure, estimate_usage, summed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -134,7 +134,8 @@ class RunAccumulator:
     @property
     def usage(self) -> dict[str, Any] | None:
         """Usage summed over every leg, reported or estimated: the user pays for all of
-        them. None only when no leg was ever opened."""
+        them; every field a leg reported kept (``summed``). None only when no leg was
+        ever opened."""
         estimated = self.estimated_by_leg
         legs = [u for leg, u in self._usage_by_leg.items() if leg not in estimated]
         legs += estimated.values()
@@ -142,7 +143,7 @@ class RunAccumulator:
             return None
         if len(legs) == 1 and not estimated:
             return legs[0]
-        return {k: sum(int(u.get(k) or 0) for u in legs) for k in self.usage_counts}
+        return summed(legs, self.usage_counts)
 
     @property
     def refusal(self) -> str:

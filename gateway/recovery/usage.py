@@ -16,7 +16,8 @@ what ``Adapter.delta_chars`` counts, sent to the client or not). So:
 
 An estimate never lowers a count the leg reported. Estimates are kept apart from
 reported usage (``RunAccumulator.estimated_by_leg``) and counted apart in the metrics
-(``gateway_tokens_total{source="estimated"}``); the client's usage sums both.
+(``gateway_tokens_total{source="estimated"}``); the client's usage sums both
+(``summed``): every field any leg reported is kept, whatever the provider adds next.
 """
 
 from __future__ import annotations
@@ -75,6 +76,36 @@ def estimate_usage(
     if "total_tokens" in usage:
         usage["total_tokens"] = usage[input_name] + usage[output_name]
     return usage
+
+
+def summed(legs: Sequence[dict[str, Any]], counts: Sequence[str]) -> dict[str, Any]:
+    """The usage of several legs as one: every field any leg reported is kept, numbers
+    summed, nested objects (token details) merged field by field, whether the gateway
+    knows the field or not (a provider adds counters; an SDK then requires them). A
+    value that is not a number (a service tier) is the first leg's. ``counts`` (the
+    protocol's own totals) are there even where no leg reported them."""
+    merged: dict[str, Any] = dict.fromkeys(counts, 0)
+    for usage in legs:
+        _add(merged, usage)
+    return merged
+
+
+def _add(into: dict[str, Any], usage: dict[str, Any]) -> None:
+    for key, value in usage.items():
+        if _is_number(value):
+            current = into.get(key)
+            into[key] = (current if _is_number(current) else 0) + value
+        elif isinstance(value, dict):
+            current = into.get(key)
+            if not isinstance(current, dict):
+                current = into[key] = {}
+            _add(current, value)
+        elif key not in into or into[key] is None:
+            into[key] = value
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)  # a bool is not a count
 
 
 def _count(usage: dict[str, Any] | None, name: str) -> int:

@@ -13,8 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx2
+import orjson
 import pytest
 from openai import OpenAI
+from openai.types.responses import ResponseCompletedEvent, ResponseUsage
 
 from gateway.chaos import ChaosUpstream
 from tests.servers import RunningGateway, gateway_config, running_gateway
@@ -129,3 +132,47 @@ def test_a_synthesized_finish_has_whole_usage(openai_sdk: OpenAI) -> None:
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert usage.input_tokens_details.cached_tokens == 0
     assert usage.output_tokens_details.reasoning_tokens == 0
+
+
+@pytest.mark.parametrize("fault", ["reset", "error"])
+def test_usage_keeps_every_field_through_a_recovery_and_validates_strictly(
+    gateway: RunningGateway, fault: str
+) -> None:
+    """The upstream reports ``cache_write_tokens`` (openai 3.57 requires it) and counters
+    nobody knows yet; after a recovery the summed usage still has them all, and the raw
+    ``response.completed`` validates against the SDK's own type (not ``construct``)."""
+    model = f"chaos:text=60,seed=75,usage_extra=3,fault={fault},at=20,times=1"
+    body = {"model": model, "input": "Tell me.", "stream": True}
+    raw = httpx2.post(gateway.base_url + "/responses", json=body, headers=AUTH, timeout=30)
+    events = [orjson.loads(data) for data in _data_lines(raw.content)]
+    [completed] = [e for e in events if e["type"] == "response.completed"]
+    ResponseCompletedEvent.model_validate(completed, strict=False)
+    usage = completed["response"]["usage"]
+    ResponseUsage.model_validate(usage)
+    # One leg broke (estimated: no details), one reported them: kept, with the unknown.
+    assert usage["input_tokens_details"] == {
+        "cached_tokens": 0,
+        "cache_write_tokens": 0,
+        "future_tokens": 3,
+    }
+    assert usage["future_usage"] == {"units": 3}
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_a_synthesized_finish_validates_strictly_too(gateway: RunningGateway) -> None:
+    """No leg reported usage (the answer ends with its completed call, no upstream call
+    after the break): the estimate has the details the SDK's type requires."""
+    model = "chaos:text=6,tools=2,arg_deltas=4,seed=76,fault=reset,at=14,times=1"
+    body = {"model": model, "input": "Tell me.", "stream": True}
+    raw = httpx2.post(gateway.base_url + "/responses", json=body, headers=AUTH, timeout=30)
+    [completed] = [
+        e for e in map(orjson.loads, _data_lines(raw.content)) if e["type"] == "response.completed"
+    ]
+    ResponseUsage.model_validate(completed["response"]["usage"])
+
+
+AUTH = {"authorization": "Bearer k"}
+
+
+def _data_lines(body: bytes) -> list[bytes]:
+    return [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]

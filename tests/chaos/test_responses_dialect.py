@@ -239,7 +239,7 @@ def test_event_order_and_shapes(client: httpx2.Client) -> None:
     assert final["output"] == [objects[7]["item"], message, done_call]
     assert final["usage"] == {
         "input_tokens": 11,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": 5,  # 1 reasoning + 2 text + 2 argument fragments
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 16,

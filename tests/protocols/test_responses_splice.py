@@ -179,8 +179,8 @@ def test_usage_is_summed_over_legs_that_reported_it() -> None:
         "input_tokens": 20,
         "output_tokens": 6,
         "total_tokens": 26,
-        # Summed too, so the Response's usage is whole (the SDK's model has them).
-        "input_tokens_details": {"cached_tokens": 0},
+        # Neither leg reported details: the ones the SDK's model requires, as zeros.
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens_details": {"reasoning_tokens": 0},
     }
 

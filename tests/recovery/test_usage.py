@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from gateway.protocols.messages_items import MessagesAccumulator
+from gateway.protocols.responses_items import ResponsesAccumulator
 from gateway.recovery.accumulator import RunAccumulator
-from gateway.recovery.usage import LegMeasure, estimate_usage
+from gateway.recovery.usage import LegMeasure, estimate_usage, summed
 
 CHAT = ("prompt_tokens", "completion_tokens", "total_tokens")
 MESSAGES = ("input_tokens", "output_tokens")
@@ -75,3 +77,118 @@ def test_a_leg_in_progress_does_not_calibrate_until_the_answer_finished() -> Non
     accumulator.set_usage(1, {"input_tokens": 12, "output_tokens": 50})
     accumulator.finish_reason = "end_turn"
     assert accumulator.estimated_by_leg[0]["output_tokens"] == 20  # 1 token a delta
+
+
+# -- every field a provider reports, kept over legs -----------------------------------
+
+
+def test_summed_keeps_every_field_nested_or_unknown() -> None:
+    first = {
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 2},
+        "service_tier": "default",
+        "future": {"units": 1, "nested": {"deeper": 2}},
+    }
+    second = {
+        "prompt_tokens": 12,
+        "completion_tokens": 7,
+        "total_tokens": 19,
+        "prompt_tokens_details": {"cached_tokens": 6, "audio_tokens": 1},
+        "completion_tokens_details": {"reasoning_tokens": 3},
+        "service_tier": "priority",
+        "future": {"units": 2, "nested": {"deeper": 5}, "flag": True},
+    }
+    assert summed([first, second], CHAT) == {
+        "prompt_tokens": 22,
+        "completion_tokens": 12,
+        "total_tokens": 34,
+        "prompt_tokens_details": {"cached_tokens": 10, "cache_write_tokens": 2, "audio_tokens": 1},
+        "completion_tokens_details": {"reasoning_tokens": 3},
+        "service_tier": "default",  # not a count: the first leg's
+        "future": {"units": 3, "nested": {"deeper": 7}, "flag": True},  # a bool is no count
+    }
+    assert summed([], MESSAGES) == {"input_tokens": 0, "output_tokens": 0}
+
+
+def test_a_recovered_answer_keeps_the_details_its_legs_reported() -> None:
+    """Two legs that reported, one estimated: the client's usage has every field."""
+    accumulator = RunAccumulator()
+    broken = accumulator.measure(0)
+    broken.request_bytes, broken.output_chars, broken.output_deltas = 100, 40, 8
+    broken.broke = True
+    details = {"cached_tokens": 3, "cache_write_tokens": 1, "future_tokens": 2}
+    for leg in (1, 2):
+        accumulator.measure(leg).request_bytes = 100
+        accumulator.set_usage(
+            leg,
+            {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+            | {"prompt_tokens_details": details},
+        )
+    accumulator.finish_reason = "stop"
+    usage = accumulator.usage
+    assert usage is not None
+    assert usage["prompt_tokens_details"] == {
+        "cached_tokens": 6,
+        "cache_write_tokens": 2,
+        "future_tokens": 4,
+    }
+    assert (
+        usage["completion_tokens"] == 5 + 5 + accumulator.estimated_by_leg[0]["completion_tokens"]
+    )
+
+
+def test_a_response_has_the_details_its_type_requires_when_no_leg_reported_them() -> None:
+    """openai 3.57's ResponseUsage requires input_tokens_details.cache_write_tokens: an
+    estimated or detail-less usage gets zeros; a reported one keeps what it said."""
+    estimated = ResponsesAccumulator()
+    measure = estimated.measure(0)
+    measure.request_bytes, measure.output_chars, measure.broke = 80, 40, True
+    usage = estimated.client_usage()
+    assert usage["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 0}
+    reported = ResponsesAccumulator()
+    reported.set_usage(
+        0,
+        {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
+        | {"input_tokens_details": {"cached_tokens": 1, "cache_write_tokens": 4, "x": 9}},
+    )
+    assert reported.client_usage()["input_tokens_details"] == {
+        "cached_tokens": 1,
+        "cache_write_tokens": 4,
+        "x": 9,
+    }
+    assert reported.usage_by_leg[0]["input_tokens_details"] == {
+        "cached_tokens": 1,
+        "cache_write_tokens": 4,
+        "x": 9,
+    }  # the leg's own record is not touched
+
+
+def test_messages_usage_keeps_cache_creation_and_server_tool_use_over_legs() -> None:
+    accumulator = MessagesAccumulator()
+    for leg in (0, 1):
+        accumulator.measure(leg).request_bytes = 100
+        accumulator.add_usage(
+            leg,
+            {
+                "input_tokens": 10,
+                "output_tokens": 4,
+                "cache_creation_input_tokens": 1,
+                "cache_read_input_tokens": 2,
+                "cache_creation": {"ephemeral_5m_input_tokens": 1, "ephemeral_1h_input_tokens": 0},
+                "server_tool_use": {"web_search_requests": 1},
+                "service_tier": "standard",
+            },
+        )
+    accumulator.finish_reason = "end_turn"
+    assert accumulator.usage == {
+        "input_tokens": 20,
+        "output_tokens": 8,
+        "cache_creation_input_tokens": 2,
+        "cache_read_input_tokens": 4,
+        "cache_creation": {"ephemeral_5m_input_tokens": 2, "ephemeral_1h_input_tokens": 0},
+        "server_tool_use": {"web_search_requests": 2},
+        "service_tier": "standard",
+    }
