@@ -28,6 +28,7 @@ from gateway.api.chat import chat_completions
 from gateway.api.messages import create_message
 from gateway.api.passthrough import list_models, passthrough
 from gateway.api.responses import create_response, retrieve_response
+from gateway.api.responses_ws import serve_socket
 from gateway.api.runs import run_events
 from gateway.config.load import default_config, load_config
 from gateway.config.schema import GatewayConfig
@@ -135,6 +136,10 @@ class GatewayApp(Starlette):
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self._direct:
             scope["app"] = self
             await self._observed(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # the Responses API's, or a 426 (api/responses_ws.py)
+            scope["app"] = self
+            await serve_socket(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 

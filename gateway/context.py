@@ -7,7 +7,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 
 from gateway.checkpoint.redis import RedisStore
 from gateway.checkpoint.store import CheckpointStore, MemoryStore
@@ -50,6 +50,7 @@ class Gateway:
         self.resumes = Resumes(self.runs, self.router)
         self.tracing: Tracing | None = None  # started with the app (one per worker)
         self.draining = False
+        self.open_sockets = 0  # Responses API WebSockets (api/responses_ws.py)
         self._drain: asyncio.Task[None] | None = None
         self._store_check: asyncio.Task[str | None] | None = None
         for upstream in config.upstreams:  # every circuit starts closed, and says so
@@ -145,6 +146,6 @@ def make_store(config: State) -> CheckpointStore | None:
     return MemoryStore() if backend == "memory" else None
 
 
-def gateway_of(request: Request) -> Gateway:
+def gateway_of(request: HTTPConnection) -> Gateway:
     gateway: Gateway = request.app.state.gateway
     return gateway

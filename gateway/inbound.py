@@ -6,7 +6,7 @@ import hmac
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 
 from gateway.errors import InvalidRequest, PayloadTooLarge, Unauthorized
 
@@ -29,7 +29,7 @@ def client_protocol(request: Request) -> str:
     return "chat"
 
 
-def credential(request: Request) -> str | None:
+def credential(request: HTTPConnection) -> str | None:
     """The credential a client presented, which owns the runs it starts: its
     ``Authorization`` (the openai SDK), else its ``x-api-key`` (the anthropic SDK)."""
     headers = request.headers
@@ -49,7 +49,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def trace_context(request: Request) -> dict[str, str]:
+def trace_context(request: HTTPConnection) -> dict[str, str]:
     """The client's W3C trace context (``traceparent``, and its ``tracestate``), if it
     sent one; a ``tracestate`` without a ``traceparent`` means nothing (W3C)."""
     headers = request.headers
@@ -90,7 +90,7 @@ class ClientAuth:
         """Whether clients' own credentials may go upstream: the gateway has no keys."""
         return not self._keys
 
-    def authorize(self, request: Request) -> str | None:
+    def authorize(self, request: HTTPConnection) -> str | None:
         """A gateway key as ``Authorization: Bearer`` (the openai SDK) or ``x-api-key``
         (the anthropic SDK)."""
         header = request.headers.get("authorization")

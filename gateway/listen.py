@@ -194,6 +194,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._body_ends = self.loop.time() + self._limits.body_timeout + length / MIN_BODY_RATE
             self._arm(self._limits.body_timeout, "body")
 
+    def handle_websocket_upgrade(self) -> None:
+        """The connection becomes a WebSocket (``GET /v1/responses``): this protocol's
+        deadlines end here; the WebSocket protocol keeps its own (pings, sizes)."""
+        self._disarm()
+        self._unstall()
+        super().handle_websocket_upgrade()
+
     def on_message_complete(self) -> None:
         self._disarm()
         self._reading_head = True

@@ -93,6 +93,22 @@ class RequestContext(logging.Filter):
         return True
 
 
+class RefusedUpgrades(logging.Filter):
+    """Drops uvicorn's false alarm after a refused WebSocket upgrade.
+
+    A 426 (``api/responses_ws.py``) is sent as the ASGI denial response; uvicorn 0.54's
+    websockets-sansio protocol sends it, then logs "ASGI callable returned without
+    completing handshake." at ERROR, because it marks the handshake complete for an
+    accept or a close, not for a denial. The gateway completes or denies every
+    handshake, so the line says nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.name == "uvicorn.error"
+            and record.msg == "ASGI callable returned without completing handshake."
+        )
+
+
 def formatter(format: Format = "auto") -> logging.Formatter:
     """The formatter for ``format``; ``auto`` picks text when stderr is a terminal."""
     if format == "auto":
@@ -105,7 +121,7 @@ def config(level: str, format: Format) -> dict[str, Any]:
     handler = {
         "class": "logging.StreamHandler",
         "formatter": "gateway",
-        "filters": ["request"],
+        "filters": ["request", "refused_upgrades"],
         "stream": "ext://sys.stderr",
     }
     upper = level.upper()
@@ -113,7 +129,10 @@ def config(level: str, format: Format) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"gateway": {"()": "gateway.logs.formatter", "format": format}},
-        "filters": {"request": {"()": "gateway.logs.RequestContext"}},
+        "filters": {
+            "request": {"()": "gateway.logs.RequestContext"},
+            "refused_upgrades": {"()": "gateway.logs.RefusedUpgrades"},
+        },
         "handlers": {"default": handler},
         "loggers": {
             "gateway": {"handlers": ["default"], "level": upper, "propagate": False},

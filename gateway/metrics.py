@@ -82,6 +82,20 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",  # a dead worker's streams are not open any more
         )
+        self.websockets = Gauge(
+            "gateway_websockets_open",
+            "Responses API WebSocket connections currently open (Codex CLI's transport).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.websocket_refusals = Counter(
+            "gateway_websocket_refusals_total",
+            "WebSocket upgrades answered 426 (the client falls back to HTTP), by reason: "
+            "path (no WebSocket there), disabled (websocket.enabled: false), full "
+            "(websocket.max_connections open).",
+            ["reason"],
+            registry=r,
+        )
         self.ready = Gauge(
             "gateway_ready",
             "1 when this replica would answer /readyz with 200 (set at each probe and scrape).",

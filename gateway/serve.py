@@ -63,6 +63,8 @@ def serve(
         access_log=False,  # gateway.access logs one line per request instead
         # Idle time between requests on a client connection (streams are not idle).
         timeout_keep_alive=30,
+        # A Responses API WebSocket's message (api/responses_ws.py); larger closes it (1009).
+        ws_max_size=config.websocket.max_message_bytes,
         timeout_graceful_shutdown=math.ceil(config.listen.drain_timeout + SHUTDOWN_MARGIN),
     )
 
@@ -88,7 +90,9 @@ def prepare_multiprocess_dir() -> Path:
 
 
 @contextlib.contextmanager
-def in_thread(app: ASGIApp, *, start_timeout: float = 10.0) -> Iterator[str]:
+def in_thread(
+    app: ASGIApp, *, start_timeout: float = 10.0, ws_max_size: int = 16 * 1024 * 1024
+) -> Iterator[str]:
     """Serve ``app`` (uvloop + httptools) in a daemon thread on a free loopback port.
 
     Yields ``http://127.0.0.1:PORT``. For the demo and the tests: no signals, no workers.
@@ -105,6 +109,7 @@ def in_thread(app: ASGIApp, *, start_timeout: float = 10.0) -> Iterator[str]:
             log_level="warning",
             access_log=False,
             lifespan="on",
+            ws_max_size=ws_max_size,
         )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -49,7 +49,8 @@ class RunningGateway:
 def running_gateway(config: GatewayConfig) -> Iterator[RunningGateway]:
     """Serve ``create_app(config)`` with uvicorn (uvloop + httptools) on a free port."""
     metrics = Metrics()
-    with in_thread(create_app(config, metrics)) as url:
+    app = create_app(config, metrics)
+    with in_thread(app, ws_max_size=config.websocket.max_message_bytes) as url:
         yield RunningGateway(url, metrics)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +57,21 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
         return await resume_stream(request, gateway, resumed)
     query = run_query(request.scope["query_string"])
     body = await gateway.read_json(request)
+    new = routed(gateway, adapter, body, client_authorization, started, query)
+    request_log().route = new.route.name
+    return new
+
+
+def routed(
+    gateway: Gateway,
+    adapter: Adapter,
+    body: dict[str, Any],
+    client_authorization: str | None,
+    started: float,
+    query: str = "",
+) -> Asked:
+    """A request's body, routed to the legs that serve ``adapter``'s protocol."""
     route = gateway.router.resolve(body.get("model"), adapter.name)
-    request_log().route = route.name
     requested = body.get("fallbacks")
     route = apply_fallbacks(route, requested, gateway.router, adapter.name).serving(adapter.name)
     # A strict upstream refuses fields it does not know.
@@ -65,13 +79,13 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
     return Asked(gateway, adapter, route, body, client_authorization, started, query, requested)
 
 
-async def answer(request: Request, asked: Asked) -> Response:
-    """Start the run ``asked`` for and answer with it."""
+def new_run(
+    asked: Asked, headers: Iterable[tuple[str, str]], trace: dict[str, str]
+) -> tuple[Run, UpstreamClient]:
+    """The run ``asked`` for, with the client's forwardable ``headers`` going upstream
+    on every leg (upstream/headers.py), traced under the client's ``trace`` context."""
     gateway, route, body = asked.gateway, asked.route, asked.body
-    # The client's forwardable headers go upstream with every leg (upstream/headers.py).
-    upstreams = gateway.upstreams.for_client(
-        request.headers.items(), credentials=gateway.auth.passes_credentials
-    )
+    upstreams = gateway.upstreams.for_client(headers, credentials=gateway.auth.passes_credentials)
     run = Run(
         adapter=asked.adapter,
         route=route,
@@ -91,8 +105,15 @@ async def answer(request: Request, asked: Asked) -> Response:
             run_id=run.id,
             stream=run.stream,
             provider=route.legs[0].upstream.kind,
-            headers=trace_context(request),
+            headers=trace,
         )
+    return run, upstreams
+
+
+async def answer(request: Request, asked: Asked) -> Response:
+    """Start the run ``asked`` for and answer with it."""
+    gateway = asked.gateway
+    run, upstreams = new_run(asked, request.headers.items(), trace_context(request))
     request_log().run = run
     headers = {"x-run-id": run.id}
     try:

@@ -52,7 +52,7 @@ async def create_response(request: Request) -> Response:
     previous = new.body.get("previous_response_id")
     if isinstance(previous, str) and previous:
         owner = credential(request)
-        new.body = await _whole_context(new.gateway, new.body, previous, owner)
+        new.body = await whole_context(new.gateway, new.body, previous, owner)
     return await answer(request, new)
 
 
@@ -84,7 +84,7 @@ async def retrieve_response(request: Request) -> Response:
     )
 
 
-async def _whole_context(
+async def whole_context(
     gateway: Gateway, body: dict[str, Any], previous: str, credential: str | None
 ) -> dict[str, Any]:
     """``body`` with a recovered ``previous_response_id`` replaced by its whole context."""

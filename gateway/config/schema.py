@@ -391,6 +391,28 @@ class Limits(_Model):
     max_event_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
 
 
+class WebSocket(_Model):
+    """The Responses API over a WebSocket (``GET /v1/responses`` upgraded: Codex CLI's
+    transport, ``client.responses.connect()``). Off: every upgrade is answered 426, so
+    clients fall back to HTTP in one round trip."""
+
+    enabled: bool = True
+    # Open sockets per gateway process; one more is answered 426 (the client uses HTTP).
+    max_connections: int = Field(default=256, gt=0)
+    # One client message (a response.create); larger closes the socket (1009).
+    max_message_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # What a socket keeps for previous_response_id: its last response's input and
+    # output. Larger is not kept (a later previous_response_id gets
+    # previous_response_not_found, and the client sends the whole input).
+    max_context_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    # Seconds a socket may stay silent between responses before it is closed (1001).
+    idle_timeout: float = Field(default=1800.0, gt=0)
+    # Seconds a socket may live (OpenAI's: 60 minutes): the next response.create after
+    # it gets websocket_connection_limit_reached and the socket closes; a response in
+    # progress is never cut.
+    max_lifetime: float = Field(default=3600.0, gt=0)
+
+
 REDIS_SCHEMES = (
     "redis://",
     "rediss://",
@@ -468,6 +490,7 @@ class GatewayConfig(_Model):
     routes: list[Route] = Field(default_factory=list)
     auth: Auth = Auth()
     limits: Limits = Limits()
+    websocket: WebSocket = WebSocket()
     state: State = State()
     logging: Logging = Logging()
     tracing: Tracing = Tracing()

@@ -1,5 +1,11 @@
 """Codex CLI and Claude Code through the gateway, in front of the chaos upstream.
 
+Codex three ways: a custom provider over HTTP (``codex``), a custom provider with
+``supports_websockets = true`` (``codex-ws``), and its built-in OpenAI provider pointed
+at the gateway with ``openai_base_url`` (``codex-builtin``), which always speaks the
+Responses API over a WebSocket; both socket runs must also show no handshake retry
+("Reconnecting") and no fallback to HTTP.
+
 Installs the pinned ``@openai/codex`` and ``@anthropic-ai/claude-code`` (package.json,
 package-lock.json) into a scratch prefix, starts the chaos upstream and a gateway,
 and runs ``codex exec`` (its own stream retries off) and ``claude -p`` (its
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -54,7 +61,10 @@ FAULTS = {
     "break inside reasoning": "fault=reset,at=3",
     "cut tool call": "fault=reset,at=48",
 }
-SEEDS = {"codex": 81, "claude": 82}
+SEEDS = {"codex": 81, "claude": 82, "codex-ws": 83, "codex-builtin": 84}
+CODEX = ("codex", "codex-ws", "codex-builtin")
+# Codex's own words when a WebSocket handshake fails, or it gives the socket up.
+SOCKET_TROUBLE = ("Reconnecting", "Falling back")
 # Claude Code while Anthropic stays overloaded mid-answer: the gateway's route for this
 # model (and only it) has no retry on Anthropic and a Bedrock leg (the chaos upstream's
 # Bedrock door: SigV4, AWS event stream) asking for the same answer.
@@ -163,9 +173,7 @@ class Agents:
         self.home = home
         self.work = home / "work"
         self.work.mkdir(parents=True)
-        codex_home = home / ".codex"
-        codex_home.mkdir()
-        (codex_home / "config.toml").write_text(
+        provider = (
             'model_provider = "gateway"\n'
             'model_reasoning_summary = "auto"\n'
             "[model_providers.gateway]\n"
@@ -176,19 +184,38 @@ class Agents:
             "stream_max_retries = 0\n"
             "request_max_retries = 0\n"
         )
+        configs = {
+            "codex": provider,
+            "codex-ws": provider + "supports_websockets = true\n",
+            # The built-in provider: what a user who only sets the base URL gets.
+            "codex-builtin": (
+                f'openai_base_url = "{gateway}/v1"\nmodel_reasoning_summary = "auto"\n'
+            ),
+        }
+        for name, config in configs.items():
+            codex_home = self.codex_home(name)
+            codex_home.mkdir()
+            (codex_home / "config.toml").write_text(config)
+
+    def codex_home(self, variant: str) -> Path:
+        return self.home / ("." + variant)
 
     def env(self, **extra: str) -> dict[str, str]:
         keep = ("PATH", "LANG", "TERM", "SSL_CERT_FILE", "TMPDIR")
         env = {k: v for k, v in os.environ.items() if k in keep}
         return env | {"HOME": str(self.home), "NO_PROXY": "127.0.0.1,localhost"} | extra
 
-    def codex(self, model: str, *, resume: bool = False) -> tuple[int, str, str]:
+    def codex(
+        self, model: str, *, resume: bool = False, variant: str = "codex"
+    ) -> tuple[int, str, str]:
         command = [str(self.bin / "codex"), "exec"]
         if resume:
             command += ["resume", "--last"]
         command += ["--json", "--skip-git-repo-check", "-c", f'model="{model}"']
         command.append(SECOND_TURN if resume else "Tell me, and use your tool.")
-        env = self.env(CODEX_HOME=str(self.home / ".codex"), GATEWAY_CLIENT_KEY="k")
+        env = self.env(
+            CODEX_HOME=str(self.codex_home(variant)), GATEWAY_CLIENT_KEY="k", OPENAI_API_KEY="k"
+        )
         return self._run(command, env)
 
     def claude(self, model: str, *, resume: bool = False) -> tuple[int, str, str]:
@@ -320,7 +347,9 @@ def client_requests(gateway: str) -> int:
         text = response.read().decode()
     total = 0.0
     for line in text.splitlines():
-        if line.startswith("gateway_requests_total{") and 'method="POST"' in line:
+        if line.startswith("gateway_requests_total{") and (
+            'method="POST"' in line or 'method="WS"' in line  # a response.create on a socket
+        ):
             total += float(line.rsplit(" ", 1)[1])
     return int(total)
 
@@ -341,7 +370,10 @@ def turn(
     requests = client_requests(servers.gateway) - before
     items, final = transcript(stdout)
     detail = "" if code == 0 else (stderr.strip().splitlines() or [f"exit {code}"])[-1]
-    return Turn(code == 0 and bool(final), items, final, requests, detail[:300])
+    trouble = [line for line in stderr.splitlines() if any(t in line for t in SOCKET_TROUBLE)]
+    if trouble:  # a socket the gateway refused or dropped: Codex retried or went to HTTP
+        detail = trouble[0]
+    return Turn(code == 0 and bool(final) and not trouble, items, final, requests, detail[:300])
 
 
 def sent_back(agent: str, request: dict[str, Any]) -> int:
@@ -350,7 +382,7 @@ def sent_back(agent: str, request: dict[str, Any]) -> int:
     messages (it keeps their text and tool uses, and drops thinking blocks from its
     history; any it sent would need their signature, which the upstream checks)."""
     body = request["body"]
-    if agent == "codex":
+    if agent in CODEX:
         return sum(
             1
             for item in body.get("input", [])
@@ -360,8 +392,11 @@ def sent_back(agent: str, request: dict[str, Any]) -> int:
 
 
 def check(agent: str, agents: Agents, servers: Servers) -> bool:
-    run = agents.codex if agent == "codex" else agents.claude
-    transcript = codex_transcript if agent == "codex" else claude_transcript
+    if agent in CODEX:
+        run: Callable[..., tuple[int, str, str]] = functools.partial(agents.codex, variant=agent)
+    else:
+        run = agents.claude
+    transcript = codex_transcript if agent in CODEX else claude_transcript
     answer = f"chaos:{ANSWER},seed={SEEDS[agent]}"
     clean = turn(servers, run, transcript, answer)
     report(agent, "fault-free", clean.ok, clean, len(servers.upstream_requests(answer)))
@@ -408,13 +443,13 @@ def report(agent: str, scenario: str, ok: bool, result: Turn, upstream: int) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefix", type=Path, help="where to install the CLIs")
-    parser.add_argument("--only", choices=["codex", "claude"])
+    parser.add_argument("--only", choices=[*CODEX, "claude"])
     args = parser.parse_args()
     bin_dir = install(args.prefix)
     with tempfile.TemporaryDirectory(prefix="agent-cli-check-") as scratch:
         with servers(Path(scratch)) as running:
             agents = Agents(bin_dir, running.gateway, Path(scratch) / "home")
-            names = [args.only] if args.only else ["codex", "claude"]
+            names = [args.only] if args.only else [*CODEX, "claude"]
             results = [check(name, agents, running) for name in names]
     return 0 if all(results) else 1
 

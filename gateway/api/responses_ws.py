@@ -1,0 +1,459 @@
+"""The Responses API over a WebSocket: ``GET /v1/responses`` upgraded (ARCHITECTURE.md §2b).
+
+Codex CLI's transport, and the openai SDK's ``client.responses.connect()``. Each
+``response.create`` message is a run on the same engine as ``POST /v1/responses``
+(legs, retries, recovery plans, checkpoints, breakers, traces, metrics, one log
+line): its client events go out one text frame each, the JSON an SSE ``data:``
+line would carry, in order; the socket stays open after the terminal event. An
+upstream fault never reaches the socket: it is recovered, or it ends the response
+with the same ``error`` and ``response.failed`` events HTTP gets.
+
+One response at a time: a message that arrives while one runs gets an error frame
+(``response_in_progress``) and is not queued. An error before the response started
+(an unknown model, an upstream's 4xx) is one frame ``{"type": "error", "status":
+N, "error": {...}}``, which Codex reads as that HTTP status.
+
+``previous_response_id``: the socket keeps its last response (and a warm-up's):
+the input it was sent, expanded, and its whole output, encrypted reasoning
+included. A request naming it is sent upstream with that context as ``input``
+before its own items, so any Responses upstream serves a WebSocket client over
+plain HTTP and SSE, ``store: false`` included. An id the socket does not know is
+``previous_response_not_found`` under ``store: false``, and goes to the upstream
+otherwise (its stored copy, as over HTTP). ``generate: false`` (Codex's warm-up) is
+answered here, with a response that has an id and no output, and no model call.
+
+Bounds (``websocket:`` in the config): sockets per process (one more is refused
+with 426: the client uses HTTP), a message's size, the context kept, silence
+between responses, and a socket's lifetime (then ``websocket_connection_limit_reached``
+and a close, at a response's boundary, so the client reconnects).
+
+If the client's socket drops mid-response, the run goes on detached as a
+disconnected HTTP client's does, checkpointed, and can be re-attached over HTTP
+(``GET /v1/responses/{id}?stream=true``). Codex itself does not re-attach: it sends
+the turn again on a new socket, which knows no earlier response, so under
+``store: false`` it gets ``previous_response_not_found`` and sends its whole input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from gateway.api.answer import Asked, new_run, routed
+from gateway.api.responses import whole_context
+from gateway.checkpoint.model import split_events
+from gateway.context import Gateway, gateway_of
+from gateway.errors import GatewayError, InvalidRequest, UpstreamFailure, error_body
+from gateway.inbound import credential, trace_context
+from gateway.observe import Observer, RequestLog, current
+from gateway.protocols import RESPONSES
+from gateway.protocols.responses import input_items
+from gateway.protocols.responses_items import REQUIRED_DETAILS, USAGE_COUNTS
+from gateway.upstream.client import UpstreamHTTPError
+
+logger = logging.getLogger("gateway.responses")
+
+PATH = "/v1/responses"
+TERMINAL = (b"event: response.completed\n", b"event: response.incomplete\n")
+ENDED = (*TERMINAL, b"event: response.failed\n")
+# Transport fields of the HTTP create body that mean nothing on a socket.
+TRANSPORT_FIELDS = ("type", "stream", "background", "stream_options", "generate")
+
+
+async def refuse_upgrade(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+    """Answer an upgrade the gateway does not serve with 426 and a JSON body, so a
+    client falls back to HTTP in one round trip (a 403, Starlette's default, makes
+    Codex retry the handshake 7 times first)."""
+    message = (
+        "WebSocket is not served here; use HTTP."
+        if reason != "full"
+        else "Too many WebSocket connections are open on this gateway; use HTTP."
+    )
+    code = "websocket_connection_limit_reached" if reason == "full" else "upgrade_required"
+    await _deny(scope, receive, send, 426, error_body(message, "invalid_request_error", code))
+
+
+async def _deny(scope: Scope, receive: Receive, send: Send, status: int, body: Any) -> None:
+    websocket = WebSocket(scope, receive, send)
+    if "websocket.http.response" in scope.get("extensions", {}):
+        response = Response(
+            orjson.dumps(body),
+            status_code=status,
+            media_type="application/json",
+            headers={"upgrade": "websocket"} if status == 426 else None,
+        )
+        await websocket.send_denial_response(response)
+    else:  # a server without the denial extension: a close, which it answers 403
+        await websocket.close(code=1008)
+
+
+async def serve_socket(scope: Scope, receive: Receive, send: Send) -> None:
+    """Every WebSocket the gateway is asked for: the Responses API, or a 426."""
+    websocket = WebSocket(scope, receive, send)
+    gateway = gateway_of(websocket)
+    metrics = gateway.metrics
+    settings = gateway.config.websocket
+    if scope["path"] != PATH or not settings.enabled:
+        reason = "path" if scope["path"] != PATH else "disabled"
+        metrics.websocket_refusals.labels(reason).inc()
+        await refuse_upgrade(scope, receive, send, reason)
+        return
+    if gateway.open_sockets >= settings.max_connections:
+        metrics.websocket_refusals.labels("full").inc()
+        await refuse_upgrade(scope, receive, send, "full")
+        return
+    try:
+        client_authorization = gateway.auth.authorize(websocket)
+    except GatewayError as exc:
+        await _deny(scope, receive, send, exc.status_code, exc.body())
+        return
+    await websocket.accept()
+    gateway.open_sockets += 1
+    metrics.websockets.inc()
+    try:
+        await Socket(websocket, gateway, client_authorization).serve()
+    finally:
+        gateway.open_sockets -= 1
+        metrics.websockets.dec()
+
+
+@dataclass(slots=True)
+class Context:
+    """What a response on this socket stands for when the next names it: the input it
+    was sent (its own context already expanded) and its whole output."""
+
+    response_id: str
+    items: list[Any]  # input, then output: the next request's input starts with them
+    size: int
+
+
+class Busy(InvalidRequest):
+    code = "response_in_progress"
+
+
+class Socket:
+    """One client's socket: its messages, one response at a time, and its context."""
+
+    def __init__(
+        self, websocket: WebSocket, gateway: Gateway, client_authorization: str | None
+    ) -> None:
+        self.websocket = websocket
+        self.gateway = gateway
+        self.client_authorization = client_authorization
+        self.credential = credential(websocket)
+        # What goes upstream with every response: the handshake's end-to-end headers,
+        # but not the WebSocket's own (its key, version, extensions, the beta flag).
+        self.headers = [
+            (name, value)
+            for name, value in websocket.headers.items()
+            if not name.startswith("sec-websocket-")
+            and not (name == "openai-beta" and "websocket" in value)
+        ]
+        self.trace = trace_context(websocket)
+        self.context: Context | None = None
+        self.opened = time.monotonic()
+        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self._sending = asyncio.Lock()
+        # Counts and logs each response.create as a request (its app is never called:
+        # a turn is not an ASGI request).
+        self._observer = Observer(
+            serve_socket, gateway.metrics, content=gateway.config.logging.content
+        )
+
+    async def serve(self) -> None:
+        settings = self.gateway.config.websocket
+        reader = asyncio.create_task(self._read())
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(settings.idle_timeout):
+                        message = await self._inbox.get()
+                except TimeoutError:
+                    await self._close(1001, "idle")
+                    return
+                if message is None:
+                    return  # the client left
+                if time.monotonic() - self.opened > settings.max_lifetime:
+                    await self._error(
+                        400,
+                        "The WebSocket connection reached its maximum lifetime; "
+                        "reconnect and send the whole input.",
+                        "websocket_connection_limit_reached",
+                    )
+                    await self._close(1000, "lifetime")
+                    return
+                if not await self._message(message):
+                    return
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _read(self) -> None:
+        """The client's messages into the inbox; None once it is gone."""
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                data = message.get("text")
+                self._inbox.put_nowait(data if data is not None else message.get("bytes") or b"")
+        finally:
+            self._inbox.put_nowait(None)
+
+    # -- one message ----------------------------------------------------------------
+
+    async def _message(self, raw: str | bytes) -> bool:
+        """Handle one client message; False once the client has left."""
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            await self._error(400, "The message is not valid JSON.", "invalid_json")
+            return True
+        if not isinstance(message, dict):
+            await self._error(400, "The message must be a JSON object.", "invalid_json")
+            return True
+        kind = message.get("type")
+        if kind != "response.create":
+            await self._error(
+                400,
+                f"Unsupported message type {kind!r}: this gateway serves 'response.create'.",
+                "unsupported_event",
+            )
+            return True
+        if message.get("stream_id") is not None:
+            await self._error(
+                400,
+                "Named streams (stream_id) are not supported by this gateway: "
+                "send one response at a time on the default lane.",
+                "invalid_stream_id",
+            )
+            return True
+        return await self._create(message)
+
+    async def _create(self, message: dict[str, Any]) -> bool:
+        started = time.perf_counter()
+        record = RequestLog("WS", PATH, started, "none")
+        token = current.set(record)
+        try:
+            return await self._respond(message, record)
+        finally:
+            current.reset(token)
+            self._observer.finish(record)
+
+    async def _respond(self, message: dict[str, Any], record: RequestLog) -> bool:
+        gateway = self.gateway
+        body = {k: v for k, v in message.items() if k not in TRANSPORT_FIELDS}
+        try:
+            body = await self._with_context(body)
+            if message.get("generate") is False:
+                await self._warm_up(body, record)
+                return True
+            asked = routed(
+                gateway,
+                RESPONSES,
+                body | {"stream": True},
+                self.client_authorization,
+                record.started,
+            )
+        except GatewayError as exc:
+            record.status = exc.status_code
+            await self._send_error(exc.status_code, exc.body())
+            return True
+        record.route = asked.route.name
+        return await self._run(asked, record)
+
+    async def _with_context(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with its ``previous_response_id`` expanded from what this socket saw,
+        or checked as HTTP checks it (an upstream's stored response)."""
+        previous = body.get("previous_response_id")
+        if not isinstance(previous, str) or not previous:
+            return body
+        context = self.context
+        if context is not None and context.response_id == previous:
+            expanded = body | {"input": context.items + input_items(body)}
+            expanded.pop("previous_response_id")
+            return expanded
+        if body.get("store") is False:
+            raise InvalidRequest(
+                f"Previous response {previous!r} is not on this connection, and with "
+                "store: false it is kept nowhere else; send the whole input.",
+                code="previous_response_not_found",
+            )
+        return await whole_context(self.gateway, body, previous, self.credential)
+
+    async def _warm_up(self, body: dict[str, Any], record: RequestLog) -> None:
+        """``generate: false``: a response with an id and no output, no model call; its
+        input (instructions and tools are the next request's own) is kept as context."""
+        response_id = "resp_" + os.urandom(16).hex()
+        usage: dict[str, Any] = dict.fromkeys(USAGE_COUNTS, 0)
+        for key, names in REQUIRED_DETAILS.items():
+            usage[key] = dict.fromkeys(names, 0)
+        response = {
+            "id": response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.get("instructions"),
+            "metadata": body.get("metadata") or {},
+            "model": body.get("model") or "",
+            "output": [],
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "temperature": body.get("temperature"),
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "top_p": body.get("top_p"),
+            "usage": None,
+        }
+        record.status = 200
+        for number, (kind, status) in enumerate(
+            (
+                ("response.created", "in_progress"),
+                ("response.in_progress", "in_progress"),
+                ("response.completed", "completed"),
+            )
+        ):
+            shown = response | {"status": status}
+            if status == "completed":
+                shown["usage"] = usage
+            record.sent += await self._send(
+                {"type": kind, "sequence_number": number, "response": shown}
+            )
+        record.complete = True
+        self._keep(response_id, input_items(body), [])
+
+    # -- one run --------------------------------------------------------------------
+
+    async def _run(self, asked: Asked, record: RequestLog) -> bool:
+        gateway = self.gateway
+        run, _ = new_run(asked, self.headers, self.trace)
+        record.run = run
+        try:
+            with gateway.runs.in_progress():
+                await run.open()
+                local = gateway.runs.adopt(run, self.credential)
+        except UpstreamHTTPError as exc:
+            record.status = exc.status_code
+            await self._send_error(exc.status_code, _upstream_error(exc))
+            return True
+        except GatewayError as exc:
+            record.status = exc.status_code
+            await self._send_error(exc.status_code, exc.body())
+            return True
+        record.status = 200
+        relay = asyncio.create_task(self._relay(local.attach(0, ids=False), asked, record))
+        try:
+            return await self._while_relaying(relay)
+        finally:
+            if not relay.done():
+                relay.cancel()  # the client left: the run goes on, detached
+            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, OSError):
+                await relay
+
+    async def _while_relaying(self, relay: asyncio.Task[None]) -> bool:
+        """Wait for ``relay``, answering any message meanwhile; False if the client left."""
+        while not relay.done():
+            incoming = asyncio.ensure_future(self._inbox.get())
+            await asyncio.wait({relay, incoming}, return_when=asyncio.FIRST_COMPLETED)
+            if not incoming.done():
+                incoming.cancel()
+                break
+            message = incoming.result()
+            if message is None:
+                return False
+            await self._error(
+                400,
+                "A response is already in progress on this connection; send the next "
+                "response.create after its terminal event.",
+                Busy.code,
+            )
+        relay.result()  # its error, if it failed
+        return True
+
+    async def _relay(self, events: AsyncIterator[bytes], asked: Asked, record: RequestLog) -> None:
+        """The run's events, one text frame each; the context kept at its end."""
+        try:
+            async for chunk in events:
+                for event in split_events(chunk) if chunk.count(b"\n\n") > 1 else (chunk,):
+                    if event.startswith(b":"):
+                        continue  # an SSE keepalive: the socket has its own pings
+                    data = event.partition(b"\ndata: ")[2].rstrip(b"\n")
+                    async with self._sending:
+                        await self.websocket.send_text(data.decode())
+                    record.sent += len(data)
+                    if event.startswith(ENDED):
+                        record.complete = True
+                        if event.startswith(TERMINAL):
+                            self._ended(data, asked.body)
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def _ended(self, data: bytes, body: dict[str, Any]) -> None:
+        response = orjson.loads(data).get("response")
+        if isinstance(response, dict) and isinstance(response.get("id"), str):
+            output = response.get("output")
+            self._keep(
+                response["id"], input_items(body), output if isinstance(output, list) else []
+            )
+
+    def _keep(self, response_id: str, sent: list[Any], output: list[Any]) -> None:
+        """Keep what ``response_id`` stands for, if it fits ``max_context_bytes``."""
+        items = sent + output
+        size = len(orjson.dumps(items))
+        if size > self.gateway.config.websocket.max_context_bytes:
+            self.context = None
+            logger.info(
+                "websocket context not kept: larger than websocket.max_context_bytes",
+                extra={"bytes": size},
+            )
+            return
+        self.context = Context(response_id, items, size)
+
+    # -- frames -----------------------------------------------------------------------
+
+    async def _send(self, event: dict[str, Any]) -> int:
+        """Send one frame; its size."""
+        frame = orjson.dumps(event).decode()
+        async with self._sending:
+            await self.websocket.send_text(frame)
+        return len(frame)
+
+    async def _error(self, status: int, message: str, code: str) -> None:
+        await self._send_error(status, error_body(message, "invalid_request_error", code))
+
+    async def _send_error(self, status: int, body: dict[str, Any]) -> None:
+        """An error before any response event: ``{"type": "error", "status": N, "error":
+        {...}}``, which Codex reads as an HTTP error of that status."""
+        error = body.get("error") if isinstance(body.get("error"), dict) else body
+        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+            await self._send({"type": "error", "status": status, "error": error})
+
+    async def _close(self, code: int, reason: str) -> None:
+        if self.websocket.application_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+                await self.websocket.close(code=code, reason=reason)
+
+
+def _upstream_error(exc: UpstreamHTTPError) -> dict[str, Any]:
+    """An upstream's error body, as its ``error`` object where it has one."""
+    try:
+        body = orjson.loads(exc.content)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return body
+    failure = UpstreamFailure(f"The upstream answered {exc.status_code}.")
+    return error_body(failure.message, "upstream_error", str(exc.status_code))
