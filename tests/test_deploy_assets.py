@@ -994,6 +994,14 @@ def live(chaos: ChaosUpstream) -> Exposition:
             drive_traffic(client)
         with httpx2.Client(base_url=gateway.url) as http:
             assert http.get("/readyz").status_code == 200
+            # A WebSocket upgrade where none is served: refused with 426.
+            upgrade = {
+                "upgrade": "websocket",
+                "connection": "Upgrade",
+                "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "sec-websocket-version": "13",
+            }
+            assert http.get("/v1/chat/completions", headers=upgrade).status_code == 426
             scrape = http.get("/metrics")
     assert scrape.status_code == 200
     return Exposition.parse(scrape.text)

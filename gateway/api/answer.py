@@ -19,7 +19,7 @@ from gateway.api.runs import RunStream, disconnected, resume_stream
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
 from gateway.inbound import credential, speaks_anthropic, trace_context
-from gateway.observe import CLIENT_CLOSED, request_log
+from gateway.observe import CLIENT_CLOSED, RequestLog, request_log
 from gateway.protocols import Adapter
 from gateway.recovery.classify import RETRYABLE_STATUSES
 from gateway.runs.run import Run
@@ -57,9 +57,7 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
         return await resume_stream(request, gateway, resumed)
     query = run_query(request.scope["query_string"])
     body = await gateway.read_json(request)
-    new = routed(gateway, adapter, body, client_authorization, started, query)
-    request_log().route = new.route.name
-    return new
+    return routed(gateway, adapter, body, client_authorization, started, query, label=request_log())
 
 
 def routed(
@@ -69,9 +67,15 @@ def routed(
     client_authorization: str | None,
     started: float,
     query: str = "",
+    *,
+    label: RequestLog | None = None,
 ) -> Asked:
-    """A request's body, routed to the legs that serve ``adapter``'s protocol."""
+    """A request's body, routed to the legs that serve ``adapter``'s protocol; its
+    route's name on ``label`` (the request's log line and metrics) once it resolved,
+    before the request's own fallbacks are checked."""
     route = gateway.router.resolve(body.get("model"), adapter.name)
+    if label is not None:
+        label.route = route.name
     requested = body.get("fallbacks")
     route = apply_fallbacks(route, requested, gateway.router, adapter.name).serving(adapter.name)
     # A strict upstream refuses fields it does not know.

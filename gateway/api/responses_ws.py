@@ -41,7 +41,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,9 @@ from gateway.observe import Observer, RequestLog, current
 from gateway.protocols import RESPONSES
 from gateway.protocols.responses import input_items
 from gateway.protocols.responses_items import REQUIRED_DETAILS, USAGE_COUNTS
+from gateway.recovery.classify import RETRYABLE_STATUSES
 from gateway.upstream.client import UpstreamHTTPError
+from gateway.upstream.target import run_query
 
 logger = logging.getLogger("gateway.responses")
 
@@ -69,6 +72,17 @@ TERMINAL = (b"event: response.completed\n", b"event: response.incomplete\n")
 ENDED = (*TERMINAL, b"event: response.failed\n")
 # Transport fields of the HTTP create body that mean nothing on a socket.
 TRANSPORT_FIELDS = ("type", "stream", "background", "stream_options", "generate")
+# Client messages read ahead of the one being handled: beyond it, the socket is not
+# read (uvicorn reads a message only when asked), so a client cannot pile them up.
+READ_AHEAD = 4
+# What a socket's client cannot tell by itself was already retried (as over HTTP).
+NO_RETRY = {"x-should-retry": "false"}
+# An upstream error's headers that tell a client when to come back.
+RETRY_HEADERS = ("retry-after", "retry-after-ms")
+
+
+class Gone(Exception):
+    """The client left, or stopped reading for ``listen.send_timeout``."""
 
 
 async def refuse_upgrade(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
@@ -118,10 +132,11 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send) -> None:
     except GatewayError as exc:
         await _deny(scope, receive, send, exc.status_code, exc.body())
         return
-    await websocket.accept()
+    # Counted before the accept's await, so handshakes at once cannot all pass the check.
     gateway.open_sockets += 1
     metrics.websockets.inc()
     try:
+        await websocket.accept()
         await Socket(websocket, gateway, client_authorization).serve()
     finally:
         gateway.open_sockets -= 1
@@ -136,6 +151,9 @@ class Context:
     response_id: str
     items: list[Any]  # input, then output: the next request's input starts with them
     size: int
+    # What it continued upstream, where the socket did not know it (``store`` on): the
+    # next request names it again, or that part of the conversation would be lost.
+    previous: str | None = None
 
 
 class Busy(InvalidRequest):
@@ -154,17 +172,17 @@ class Socket:
         self.credential = credential(websocket)
         # What goes upstream with every response: the handshake's end-to-end headers,
         # but not the WebSocket's own (its key, version, extensions, the beta flag).
-        self.headers = [
-            (name, value)
-            for name, value in websocket.headers.items()
-            if not name.startswith("sec-websocket-")
-            and not (name == "openai-beta" and "websocket" in value)
-        ]
+        self.headers = _forwarded(websocket.headers.items())
+        # The handshake's query string goes with every leg, as a POST's does (api-version).
+        self.query = run_query(websocket.scope["query_string"])
         self.trace = trace_context(websocket)
         self.context: Context | None = None
         self.opened = time.monotonic()
-        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(READ_AHEAD)
+        self._gone = asyncio.Event()  # the client left: nothing more will arrive
+        self._held: deque[str | bytes] = deque()  # read while a response ended
         self._sending = asyncio.Lock()
+        self._send_timeout = gateway.config.listen.send_timeout
         # Counts and logs each response.create as a request (its app is never called:
         # a turn is not an ASGI request).
         self._observer = Observer(
@@ -175,55 +193,79 @@ class Socket:
         settings = self.gateway.config.websocket
         reader = asyncio.create_task(self._read())
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(settings.idle_timeout):
-                        message = await self._inbox.get()
-                except TimeoutError:
-                    await self._close(1001, "idle")
-                    return
-                if message is None:
-                    return  # the client left
-                if time.monotonic() - self.opened > settings.max_lifetime:
-                    await self._error(
-                        400,
-                        "The WebSocket connection reached its maximum lifetime; "
-                        "reconnect and send the whole input.",
-                        "websocket_connection_limit_reached",
-                    )
-                    await self._close(1000, "lifetime")
-                    return
-                if not await self._message(message):
-                    return
+            await self._serve(settings.idle_timeout, settings.max_lifetime)
+        except Gone:
+            pass  # the client left, or stopped reading: its run goes on, detached
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
+    async def _serve(self, idle_timeout: float, max_lifetime: float) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(idle_timeout):
+                    message = await self._next()
+            except TimeoutError:
+                await self._close(1001, "idle")
+                return
+            if message is None:
+                return  # the client left
+            if time.monotonic() - self.opened > max_lifetime:
+                await self._error(
+                    400,
+                    "The WebSocket connection reached its maximum lifetime; "
+                    "reconnect and send the whole input.",
+                    "websocket_connection_limit_reached",
+                )
+                await self._close(1000, "lifetime")
+                return
+            await self._message(message)
+
     async def _read(self) -> None:
-        """The client's messages into the inbox; None once it is gone."""
+        """The client's messages into the inbox (a few ahead at most); then ``_gone``."""
         try:
             while True:
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
                 data = message.get("text")
-                self._inbox.put_nowait(data if data is not None else message.get("bytes") or b"")
+                await self._inbox.put(data if data is not None else message.get("bytes") or b"")
         finally:
-            self._inbox.put_nowait(None)
+            self._gone.set()
+
+    async def _next(self) -> str | bytes | None:
+        """The client's next message; None once it has left and nothing is left to read."""
+        if self._held:
+            return self._held.popleft()
+        if not self._inbox.empty():
+            return self._inbox.get_nowait()
+        if self._gone.is_set():
+            return None
+        incoming = asyncio.ensure_future(self._inbox.get())
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({incoming, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not incoming.done():
+                incoming.cancel()
+        if incoming.done() and not incoming.cancelled():
+            return incoming.result()
+        return None
 
     # -- one message ----------------------------------------------------------------
 
-    async def _message(self, raw: str | bytes) -> bool:
-        """Handle one client message; False once the client has left."""
+    async def _message(self, raw: str | bytes) -> None:
+        """Handle one client message; ``Gone`` once the client has left."""
         try:
             message = orjson.loads(raw)
         except orjson.JSONDecodeError:
             await self._error(400, "The message is not valid JSON.", "invalid_json")
-            return True
+            return
         if not isinstance(message, dict):
             await self._error(400, "The message must be a JSON object.", "invalid_json")
-            return True
+            return
         kind = message.get("type")
         if kind != "response.create":
             await self._error(
@@ -231,7 +273,7 @@ class Socket:
                 f"Unsupported message type {kind!r}: this gateway serves 'response.create'.",
                 "unsupported_event",
             )
-            return True
+            return
         if message.get("stream_id") is not None:
             await self._error(
                 400,
@@ -239,40 +281,44 @@ class Socket:
                 "send one response at a time on the default lane.",
                 "invalid_stream_id",
             )
-            return True
-        return await self._create(message)
+            return
+        await self._create(message)
 
-    async def _create(self, message: dict[str, Any]) -> bool:
+    async def _create(self, message: dict[str, Any]) -> None:
         started = time.perf_counter()
         record = RequestLog("WS", PATH, started, "none")
         token = current.set(record)
         try:
-            return await self._respond(message, record)
+            await self._respond(message, record)
+        except Gone:
+            record.disconnected = not record.complete
+            raise
         finally:
             current.reset(token)
             self._observer.finish(record)
 
-    async def _respond(self, message: dict[str, Any], record: RequestLog) -> bool:
+    async def _respond(self, message: dict[str, Any], record: RequestLog) -> None:
         gateway = self.gateway
         body = {k: v for k, v in message.items() if k not in TRANSPORT_FIELDS}
         try:
             body = await self._with_context(body)
             if message.get("generate") is False:
                 await self._warm_up(body, record)
-                return True
+                return
             asked = routed(
                 gateway,
                 RESPONSES,
                 body | {"stream": True},
                 self.client_authorization,
                 record.started,
+                self.query,
+                label=record,
             )
         except GatewayError as exc:
             record.status = exc.status_code
-            await self._send_error(exc.status_code, exc.body())
-            return True
-        record.route = asked.route.name
-        return await self._run(asked, record)
+            await self._send_error(exc.status_code, exc.body(), _retry_headers(exc))
+            return
+        await self._run(asked, record)
 
     async def _with_context(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` with its ``previous_response_id`` expanded from what this socket saw,
@@ -284,6 +330,8 @@ class Socket:
         if context is not None and context.response_id == previous:
             expanded = body | {"input": context.items + input_items(body)}
             expanded.pop("previous_response_id")
+            if context.previous is not None:  # what it continued upstream, named again
+                expanded["previous_response_id"] = context.previous
             return expanded
         if body.get("store") is False:
             raise InvalidRequest(
@@ -333,11 +381,11 @@ class Socket:
                 {"type": kind, "sequence_number": number, "response": shown}
             )
         record.complete = True
-        self._keep(response_id, input_items(body), [])
+        self._keep(response_id, body, [])
 
     # -- one run --------------------------------------------------------------------
 
-    async def _run(self, asked: Asked, record: RequestLog) -> bool:
+    async def _run(self, asked: Asked, record: RequestLog) -> None:
         gateway = self.gateway
         run, _ = new_run(asked, self.headers, self.trace)
         record.run = run
@@ -347,43 +395,60 @@ class Socket:
                 local = gateway.runs.adopt(run, self.credential)
         except UpstreamHTTPError as exc:
             record.status = exc.status_code
-            await self._send_error(exc.status_code, _upstream_error(exc))
-            return True
+            headers = {k.lower(): v for k, v in exc.headers if k.lower() in RETRY_HEADERS}
+            if exc.status_code in RETRYABLE_STATUSES:  # the gateway retried it already
+                headers |= NO_RETRY
+            await self._send_error(exc.status_code, _upstream_error(exc), headers)
+            return
         except GatewayError as exc:
             record.status = exc.status_code
-            await self._send_error(exc.status_code, exc.body())
-            return True
+            await self._send_error(exc.status_code, exc.body(), _retry_headers(exc))
+            return
         record.status = 200
-        relay = asyncio.create_task(self._relay(local.attach(0, ids=False), asked, record))
+        ended = asyncio.Event()  # the terminal event went out: what comes next is a new turn
+        relay = asyncio.create_task(
+            self._relay(local.attach(0, ids=False), asked.body, record, ended)
+        )
         try:
-            return await self._while_relaying(relay)
+            await self._while_relaying(relay, ended)
         finally:
             if not relay.done():
                 relay.cancel()  # the client left: the run goes on, detached
-            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, OSError):
+            with contextlib.suppress(asyncio.CancelledError, Gone):
                 await relay
 
-    async def _while_relaying(self, relay: asyncio.Task[None]) -> bool:
-        """Wait for ``relay``, answering any message meanwhile; False if the client left."""
+    async def _while_relaying(self, relay: asyncio.Task[None], ended: asyncio.Event) -> None:
+        """Wait for ``relay``, answering messages meanwhile: a create before the terminal
+        event is refused, one after it waits for its turn. ``Gone`` if the client left."""
         while not relay.done():
-            incoming = asyncio.ensure_future(self._inbox.get())
+            incoming = asyncio.ensure_future(self._next())
             await asyncio.wait({relay, incoming}, return_when=asyncio.FIRST_COMPLETED)
             if not incoming.done():
                 incoming.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await incoming
                 break
             message = incoming.result()
             if message is None:
-                return False
+                raise Gone
+            if ended.is_set():
+                self._held.append(message)  # the next turn: handled once this one is over
+                continue
             await self._error(
                 400,
                 "A response is already in progress on this connection; send the next "
                 "response.create after its terminal event.",
                 Busy.code,
             )
-        relay.result()  # its error, if it failed
-        return True
+        relay.result()  # Gone, if the client left while it sent
 
-    async def _relay(self, events: AsyncIterator[bytes], asked: Asked, record: RequestLog) -> None:
+    async def _relay(
+        self,
+        events: AsyncIterator[bytes],
+        body: dict[str, Any],
+        record: RequestLog,
+        ended: asyncio.Event,
+    ) -> None:
         """The run's events, one text frame each; the context kept at its end."""
         try:
             async for chunk in events:
@@ -391,13 +456,13 @@ class Socket:
                     if event.startswith(b":"):
                         continue  # an SSE keepalive: the socket has its own pings
                     data = event.partition(b"\ndata: ")[2].rstrip(b"\n")
-                    async with self._sending:
-                        await self.websocket.send_text(data.decode())
+                    await self._send_frame(data.decode())
                     record.sent += len(data)
                     if event.startswith(ENDED):
                         record.complete = True
+                        ended.set()
                         if event.startswith(TERMINAL):
-                            self._ended(data, asked.body)
+                            self._ended(data, body)
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
@@ -405,13 +470,12 @@ class Socket:
         response = orjson.loads(data).get("response")
         if isinstance(response, dict) and isinstance(response.get("id"), str):
             output = response.get("output")
-            self._keep(
-                response["id"], input_items(body), output if isinstance(output, list) else []
-            )
+            self._keep(response["id"], body, output if isinstance(output, list) else [])
 
-    def _keep(self, response_id: str, sent: list[Any], output: list[Any]) -> None:
-        """Keep what ``response_id`` stands for, if it fits ``max_context_bytes``."""
-        items = sent + output
+    def _keep(self, response_id: str, body: dict[str, Any], output: list[Any]) -> None:
+        """Keep what ``response_id`` stands for (the input ``body`` sent, its ``output``),
+        if it fits ``max_context_bytes``."""
+        items = input_items(body) + output
         size = len(orjson.dumps(items))
         if size > self.gateway.config.websocket.max_context_bytes:
             self.context = None
@@ -420,31 +484,69 @@ class Socket:
                 extra={"bytes": size},
             )
             return
-        self.context = Context(response_id, items, size)
+        previous = body.get("previous_response_id")
+        self.context = Context(
+            response_id, items, size, previous if isinstance(previous, str) else None
+        )
 
     # -- frames -----------------------------------------------------------------------
 
     async def _send(self, event: dict[str, Any]) -> int:
         """Send one frame; its size."""
         frame = orjson.dumps(event).decode()
-        async with self._sending:
-            await self.websocket.send_text(frame)
+        await self._send_frame(frame)
         return len(frame)
+
+    async def _send_frame(self, frame: str) -> None:
+        """One text frame; ``Gone`` if the client left, or read none of it within
+        ``listen.send_timeout`` (as over HTTP: a client that stopped reading)."""
+        try:
+            async with self._sending, asyncio.timeout(self._send_timeout):
+                await self.websocket.send_text(frame)
+        except (TimeoutError, WebSocketDisconnect, OSError, RuntimeError):
+            raise Gone from None
 
     async def _error(self, status: int, message: str, code: str) -> None:
         await self._send_error(status, error_body(message, "invalid_request_error", code))
 
-    async def _send_error(self, status: int, body: dict[str, Any]) -> None:
+    async def _send_error(
+        self, status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> None:
         """An error before any response event: ``{"type": "error", "status": N, "error":
-        {...}}``, which Codex reads as an HTTP error of that status."""
-        error = body.get("error") if isinstance(body.get("error"), dict) else body
-        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
-            await self._send({"type": "error", "status": status, "error": error})
+        {...}}``, which Codex reads as an HTTP error of that status; ``headers`` (when a
+        retry would not help, or when to retry) in its ``error.headers``."""
+        inner = body.get("error")
+        error: dict[str, Any] = inner if isinstance(inner, dict) else body
+        if headers:
+            error = error | {"headers": dict(headers)}
+        await self._send({"type": "error", "status": status, "error": error})
 
     async def _close(self, code: int, reason: str) -> None:
         if self.websocket.application_state is WebSocketState.CONNECTED:
             with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
                 await self.websocket.close(code=code, reason=reason)
+
+
+def _forwarded(headers: Any) -> list[tuple[str, str]]:
+    """The handshake's headers that go upstream with every response: not the
+    WebSocket's own (its key, version, extensions), nor its beta flag (the upstream
+    is spoken to over HTTP); other ``openai-beta`` flags stay."""
+    forwarded = []
+    for name, value in headers:
+        if name.startswith("sec-websocket-"):
+            continue
+        if name == "openai-beta":
+            flags = [f.strip() for f in value.split(",") if "websockets" not in f]
+            if not any(flags):
+                continue
+            value = ",".join(f for f in flags if f)
+        forwarded.append((name, value))
+    return forwarded
+
+
+def _retry_headers(exc: GatewayError) -> dict[str, str]:
+    """What the HTTP answer to ``exc`` would carry for a client's retry logic."""
+    return dict(NO_RETRY) if isinstance(exc, UpstreamFailure) else {}
 
 
 def _upstream_error(exc: UpstreamHTTPError) -> dict[str, Any]:

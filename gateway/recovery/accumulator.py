@@ -138,7 +138,8 @@ class RunAccumulator:
         ever opened."""
         estimated = self.estimated_by_leg
         legs = [u for leg, u in self._usage_by_leg.items() if leg not in estimated]
-        legs += estimated.values()
+        # A broken leg's estimate, over what it did report (Messages' cache counts).
+        legs += [self._usage_by_leg.get(leg, {}) | usage for leg, usage in estimated.items()]
         if not legs:
             return None
         if len(legs) == 1 and not estimated:

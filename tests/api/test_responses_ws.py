@@ -9,6 +9,8 @@ openai SDK's ``ResponsesServerEvent`` types), the openai SDK's
 from __future__ import annotations
 
 import json
+import os
+import socket as stdlib_socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
 FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -180,17 +182,19 @@ def test_the_handshakes_headers_go_upstream_as_an_http_requests_do(
         "authorization": "Bearer sk-client",
         "originator": "codex_exec",
         "session_id": "s-123",
-        "openai-beta": "responses_websockets=2026-02-06",
+        "openai-beta": "responses_websockets=2026-02-06, assistants=v2",
     }
     model = "chaos:text=3,seed=61"
-    with connect(ws_url(gateway), additional_headers=headers) as ws:
+    url = ws_url(gateway) + "?api-version=2025-04-01"
+    with connect(url, additional_headers=headers) as ws:
         assert text(turn(ws, model=model)) == expected_answer(model).text
     [request] = chaos.requests_for(model)
     sent = request.headers
     assert sent["authorization"] == "Bearer sk-client"
     assert sent["originator"] == "codex_exec" and sent["session_id"] == "s-123"
     assert not [name for name in sent if name.startswith("sec-websocket")]
-    assert "openai-beta" not in sent and "upgrade" not in sent
+    assert sent["openai-beta"] == "assistants=v2" and "upgrade" not in sent
+    assert request.query == "api-version=2025-04-01"  # as a POST's query goes upstream
 
 
 def test_a_warm_up_makes_no_model_call_and_its_id_chains(
@@ -212,6 +216,26 @@ def test_a_warm_up_makes_no_model_call_and_its_id_chains(
     assert text(frames) == expected_answer(model).text
     [request] = chaos.requests_for(model)
     assert request.body["input"] == [question]
+
+
+def test_a_response_the_upstream_stores_stays_named_when_a_later_turn_chains_it(
+    chaos: ChaosUpstream, socket: ClientConnection
+) -> None:
+    """A chain begun elsewhere (store on): the socket does not know its first id, which
+    goes upstream; the next turn, expanded from this socket, still names it."""
+    first_model, second_model = "chaos:text=3,seed=62", "chaos:text=3,seed=63"
+    first = turn(socket, model=first_model, previous_response_id="resp_stored_upstream")
+    [request] = chaos.requests_for(first_model)
+    assert request.body["previous_response_id"] == "resp_stored_upstream"
+    new = {"role": "user", "content": "And then?"}
+    turn(socket, model=second_model, input=[new], previous_response_id=first[-1]["response"]["id"])
+    [request] = chaos.requests_for(second_model)
+    assert request.body["previous_response_id"] == "resp_stored_upstream"
+    assert request.body["input"] == [
+        {"role": "user", "content": "Tell me."},
+        *first[-1]["response"]["output"],
+        new,
+    ]
 
 
 def test_an_unknown_previous_response_is_not_found_under_store_false(
@@ -260,6 +284,12 @@ def test_an_upstream_error_before_the_stream_is_one_frame_with_its_status(
 ) -> None:
     [error] = turn(socket, model="chaos:fault=http_401")
     assert error["type"] == "error" and error["status"] == 401
+    assert "headers" not in error["error"]  # not retried here: the client may
+    # A 429 the gateway already retried says so, as x-should-retry does over HTTP.
+    [error] = turn(socket, model="chaos:fault=http_429_retry")
+    assert error["status"] == 429
+    assert error["error"]["headers"]["x-should-retry"] == "false"
+    assert "retry-after" in error["error"]["headers"]
 
 
 # -- refused upgrades and bounds --------------------------------------------------------
@@ -324,6 +354,40 @@ def test_an_idle_socket_is_closed(chaos: ChaosUpstream) -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=5)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+
+
+def masked_text_frame(text: str) -> bytes:
+    """One client text frame (RFC 6455: a client masks what it sends)."""
+    payload, mask = text.encode(), os.urandom(4)
+    size = len(payload)
+    head = bytes([0x81, 0x80 | size]) if size < 126 else bytes([0x81, 0xFE]) + size.to_bytes(2)
+    return head + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+
+
+def test_a_client_that_stops_reading_lets_go_of_its_socket(chaos: ChaosUpstream) -> None:
+    """As over HTTP (``listen.send_timeout``): a socket nobody reads is given up, its
+    slot, its context and its handler freed; the run goes on, detached. The client is
+    raw TCP with a small receive window, which reads nothing after the handshake."""
+    settings = config(chaos, listen={"send_timeout": 0.5})
+    with running_gateway(settings) as running:
+        registry = running.metrics.registry
+
+        def open_sockets() -> float | None:
+            return registry.get_sample_value("gateway_websockets_open")
+
+        with stdlib_socket.socket() as sock:
+            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", int(running.url.rsplit(":", 1)[1])))
+            sock.sendall(
+                b"GET /v1/responses HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            assert sock.recv(4096).startswith(b"HTTP/1.1 101 ")
+            create = {"type": "response.create", "model": "chaos:text=20000,seed=64"}
+            sock.sendall(masked_text_frame(json.dumps(create | {"input": "Tell me."})))
+            wait_for(lambda: open_sockets() == 1, message="the socket was not counted")
+            wait_for(lambda: open_sockets() == 0, timeout=20, message="still held")
 
 
 def test_a_client_that_drops_mid_response_can_take_the_rest_over_http(

@@ -192,3 +192,29 @@ def test_messages_usage_keeps_cache_creation_and_server_tool_use_over_legs() -> 
         "server_tool_use": {"web_search_requests": 2},
         "service_tier": "standard",
     }
+
+
+def test_a_broken_legs_estimate_keeps_what_it_did_report() -> None:
+    """Messages' message_start reports the input and its cache counts before it breaks:
+    the estimate adds the output, and the cache counts stay in the client's usage."""
+    accumulator = MessagesAccumulator()
+    broken = accumulator.measure(0)
+    broken.request_bytes, broken.output_chars, broken.output_deltas = 100, 40, 10
+    broken.broke = True
+    accumulator.add_usage(
+        0,
+        {
+            "input_tokens": 11,
+            "output_tokens": 1,
+            "cache_read_input_tokens": 7,
+            "cache_creation": {"ephemeral_5m_input_tokens": 3},
+        },
+    )
+    accumulator.measure(1).request_bytes = 100
+    accumulator.add_usage(1, {"input_tokens": 12, "output_tokens": 20})
+    accumulator.finish_reason = "end_turn"
+    usage = accumulator.usage
+    assert usage is not None
+    assert usage["cache_read_input_tokens"] == 7
+    assert usage["cache_creation"] == {"ephemeral_5m_input_tokens": 3}
+    assert usage["input_tokens"] == 23 and usage["output_tokens"] > 20
