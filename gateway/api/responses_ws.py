@@ -181,7 +181,6 @@ class Socket:
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(READ_AHEAD)
         self._gone = asyncio.Event()  # the client left: nothing more will arrive
         self._held: deque[str | bytes] = deque()  # read while a response ended
-        self._sending = asyncio.Lock()
         self._send_timeout = gateway.config.listen.send_timeout
         # Counts and logs each response.create as a request (its app is never called:
         # a turn is not an ASGI request).
@@ -246,6 +245,11 @@ class Socket:
         gone = asyncio.ensure_future(self._gone.wait())
         try:
             await asyncio.wait({incoming, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # Cancelled (a relay ended first) after the message was taken: not lost.
+            if incoming.done() and not incoming.cancelled():
+                self._held.appendleft(incoming.result())
+            raise
         finally:
             gone.cancel()
             if not incoming.done():
@@ -501,7 +505,9 @@ class Socket:
         """One text frame; ``Gone`` if the client left, or read none of it within
         ``listen.send_timeout`` (as over HTTP: a client that stopped reading)."""
         try:
-            async with self._sending, asyncio.timeout(self._send_timeout):
+            # No lock: uvicorn writes a frame whole once the transport takes bytes, so an
+            # error frame sent meanwhile (a create while a response runs) goes between two.
+            async with asyncio.timeout(self._send_timeout):
                 await self.websocket.send_text(frame)
         except (TimeoutError, WebSocketDisconnect, OSError, RuntimeError):
             raise Gone from None

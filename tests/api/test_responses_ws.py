@@ -8,10 +8,13 @@ openai SDK's ``ResponsesServerEvent`` types), the openai SDK's
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import socket as stdlib_socket
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +27,7 @@ from pydantic import TypeAdapter
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from gateway.api.responses_ws import Socket
 from gateway.chaos import ChaosUpstream, expected_answer
 from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
@@ -249,6 +253,42 @@ def test_an_unknown_previous_response_is_not_found_under_store_false(
         text(turn(socket, model="chaos:text=3,seed=56"))
         == expected_answer("chaos:text=3,seed=56").text
     )
+
+
+def test_turns_sent_the_moment_the_last_one_ended_are_all_answered(
+    socket: ClientConnection,
+) -> None:
+    """The next create arrives while the last run's relay is still winding down (its
+    terminal event sent, its log not yet closed): it waits its turn, never lost, never
+    refused. Thirty in a row, chained as Codex chains them."""
+    previous = None
+    for number in range(30):
+        model = f"chaos:text=16,seed={7000 + number}"
+        chained: dict[str, Any] = {"previous_response_id": previous} if previous else {}
+        frames = turn(socket, model=model, **chained)
+        assert [f["type"] for f in frames if f["type"] == "error"] == []
+        assert text(frames) == expected_answer(model).text
+        previous = frames[-1]["response"]["id"]
+
+
+def test_a_message_taken_as_its_reader_is_cancelled_is_kept() -> None:
+    """The race behind the test above, made certain (a pure unit: the socket's own
+    queue, no connection): the wait for the next message is cancelled (the relay ended
+    first) just after it took a message off the queue; the message is held, not lost."""
+
+    async def race() -> str | bytes | None:
+        socket = Socket.__new__(Socket)  # only its inbox and its held messages
+        socket._inbox, socket._gone, socket._held = asyncio.Queue(4), asyncio.Event(), deque()
+        waiting = asyncio.ensure_future(socket._next())
+        await asyncio.sleep(0)  # it waits on the queue
+        socket._inbox.put_nowait("next turn")
+        await asyncio.sleep(0)  # the queue's reader took it; _next has not resumed yet
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        return await socket._next()
+
+    assert asyncio.run(race()) == "next turn"
 
 
 def test_a_second_create_while_one_runs_gets_an_error_frame(socket: ClientConnection) -> None:
