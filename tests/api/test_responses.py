@@ -16,6 +16,8 @@ import httpx2
 import orjson
 import pytest
 from openai import OpenAI
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from tests.servers import RunningGateway, gateway_config, running_gateway
@@ -400,3 +402,26 @@ def test_the_clients_query_string_goes_with_every_leg(sdk: OpenAI, chaos: ChaosU
         assert events.get_final_response().output_text == expected_answer(model).text
     legs = [r for r in chaos.requests if r.path == "/v1/responses"]
     assert [r.query for r in legs] == ["api-version=2025-04-01-preview"] * 2
+
+
+STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+
+
+@pytest.mark.parametrize("fault", ["reset", "stall", "error", "no_finish", "error_done"])
+@pytest.mark.parametrize("at", [2, 8, 20], ids=["mid-reasoning", "mid-text", "mid-arguments"])
+def test_every_raw_event_validates_against_the_newest_sdks_types(
+    recovering: RunningGateway, fault: str, at: int
+) -> None:
+    """The strict check an outside client makes: every SSE event of a recovered stream,
+    validated (not constructed) against the openai SDK's own event types, which gain
+    required fields (openai 3.57: usage's cache_write_tokens)."""
+    model = f"chaos:text=10,reasoning=4,tools=1,seed=23,fault={fault},at={at},times=1"
+    body = {"model": model, "input": "Tell me.", "stream": True, **AGENT}
+    raw = httpx2.post(recovering.base_url + "/responses", json=body, timeout=20).content
+    events = [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    for event in events:
+        STREAM_EVENT.validate_python(event)
+    assert events[-1]["type"] == "response.completed"
+
+
+AGENT = {"store": False, "include": ["reasoning.encrypted_content"]}
