@@ -31,18 +31,10 @@ import httpx2
 from websockets.sync.client import ClientConnection, connect
 
 from bench.procs import commit, cpu_seconds, free_ports, http_ok, machine, spawned, wait_ready
+from bench.starts import CONFIG
 
 BIN = Path(sys.executable).with_name("resumable-gateway")
 MODEL = "chaos:text=64,seed=90"
-CONFIG = """
-upstreams:
-  - name: chaos
-    base_url: http://127.0.0.1:{port}/v1
-    timeouts: {{connect: 5, first_byte: 30, idle: 30}}
-routes:
-  - match: "*"
-    upstream: chaos
-"""
 Timing = dict[str, list[float]]  # ttft and turn, in ms, one per turn
 
 

@@ -284,3 +284,18 @@ def test_tracing_benchmark_compares_off_sampled_and_all_and_exports_spans() -> N
     assert counts["off"] == "0", run.stdout  # off: nothing exported
     # 100%: a run span and an upstream request span for every stream of every round.
     assert int(counts["all"]) >= 2 * 8, run.stdout
+
+
+def test_the_websocket_benchmark_times_every_way() -> None:
+    """bench.websocket: turns over one socket, over HTTP through the gateway, direct."""
+    run = bench_module("bench.websocket", "--rounds", "1", "--turns", "3", timeout=120)
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [
+        "direct (HTTP)",
+        "gateway, HTTP",
+        "gateway, WebSocket",
+    ]
+    for row in rows:
+        ttft, _, turn = (float(cell) for cell in row.split(" | ")[1:4])
+        assert 0 < ttft <= turn, row
+    assert "WebSocket ÷ HTTP through the gateway" in run.stdout
