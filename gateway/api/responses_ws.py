@@ -136,7 +136,10 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send) -> None:
     gateway.open_sockets += 1
     metrics.websockets.inc()
     try:
-        await websocket.accept()
+        try:
+            await websocket.accept()
+        except (WebSocketDisconnect, OSError):
+            return  # gone during the handshake
         await Socket(websocket, gateway, client_authorization).serve()
     finally:
         gateway.open_sockets -= 1
@@ -154,10 +157,6 @@ class Context:
     # What it continued upstream, where the socket did not know it (``store`` on): the
     # next request names it again, or that part of the conversation would be lost.
     previous: str | None = None
-
-
-class Busy(InvalidRequest):
-    code = "response_in_progress"
 
 
 class Socket:
@@ -442,7 +441,7 @@ class Socket:
                 400,
                 "A response is already in progress on this connection; send the next "
                 "response.create after its terminal event.",
-                Busy.code,
+                "response_in_progress",
             )
         relay.result()  # Gone, if the client left while it sent
 
