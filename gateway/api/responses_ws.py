@@ -8,8 +8,9 @@ line would carry, in order; the socket stays open after the terminal event. An
 upstream fault never reaches the socket: it is recovered, or it ends the response
 with the same ``error`` and ``response.failed`` events HTTP gets.
 
-One response at a time: a message that arrives while one runs gets an error frame
-(``response_in_progress``) and is not queued. An error before the response started
+One response at a time: a create that arrives before the running one's terminal
+event gets an error frame (``response_in_progress``) and is not queued; one that
+arrives after it waits its turn. An error before the response started
 (an unknown model, an upstream's 4xx) is one frame ``{"type": "error", "status":
 N, "error": {...}}``, which Codex reads as that HTTP status.
 
@@ -25,7 +26,9 @@ answered here, with a response that has an id and no output, and no model call.
 Bounds (``websocket:`` in the config): sockets per process (one more is refused
 with 426: the client uses HTTP), a message's size, the context kept, silence
 between responses, and a socket's lifetime (then ``websocket_connection_limit_reached``
-and a close, at a response's boundary, so the client reconnects).
+and a close, at a response's boundary, so the client reconnects). The wire under it
+(messages read a few ahead, send deadlines, error frames, refused upgrades) is
+``websocket.py``'s.
 
 If the client's socket drops mid-response, the run goes on detached as a
 disconnected HTTP client's does, checkpointed, and can be re-attached over HTTP
@@ -41,18 +44,17 @@ import contextlib
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.api.answer import Asked, new_run, routed
 from gateway.api.responses import whole_context
+from gateway.api.websocket import Channel, Gone, deny, refuse_upgrade
 from gateway.checkpoint.model import split_events
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, InvalidRequest, UpstreamFailure, error_body
@@ -60,7 +62,7 @@ from gateway.inbound import credential, trace_context
 from gateway.observe import Observer, RequestLog, current
 from gateway.protocols import RESPONSES
 from gateway.protocols.responses import input_items
-from gateway.protocols.responses_items import REQUIRED_DETAILS, USAGE_COUNTS
+from gateway.protocols.responses_items import ResponsesAccumulator
 from gateway.recovery.classify import RETRYABLE_STATUSES
 from gateway.upstream.client import UpstreamHTTPError
 from gateway.upstream.target import run_query
@@ -72,44 +74,10 @@ TERMINAL = (b"event: response.completed\n", b"event: response.incomplete\n")
 ENDED = (*TERMINAL, b"event: response.failed\n")
 # Transport fields of the HTTP create body that mean nothing on a socket.
 TRANSPORT_FIELDS = ("type", "stream", "background", "stream_options", "generate")
-# Client messages read ahead of the one being handled: beyond it, the socket is not
-# read (uvicorn reads a message only when asked), so a client cannot pile them up.
-READ_AHEAD = 4
 # What a socket's client cannot tell by itself was already retried (as over HTTP).
 NO_RETRY = {"x-should-retry": "false"}
 # An upstream error's headers that tell a client when to come back.
 RETRY_HEADERS = ("retry-after", "retry-after-ms")
-
-
-class Gone(Exception):
-    """The client left, or stopped reading for ``listen.send_timeout``."""
-
-
-async def refuse_upgrade(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-    """Answer an upgrade the gateway does not serve with 426 and a JSON body, so a
-    client falls back to HTTP in one round trip (a 403, Starlette's default, makes
-    Codex retry the handshake 7 times first)."""
-    message = (
-        "WebSocket is not served here; use HTTP."
-        if reason != "full"
-        else "Too many WebSocket connections are open on this gateway; use HTTP."
-    )
-    code = "websocket_connection_limit_reached" if reason == "full" else "upgrade_required"
-    await _deny(scope, receive, send, 426, error_body(message, "invalid_request_error", code))
-
-
-async def _deny(scope: Scope, receive: Receive, send: Send, status: int, body: Any) -> None:
-    websocket = WebSocket(scope, receive, send)
-    if "websocket.http.response" in scope.get("extensions", {}):
-        response = Response(
-            orjson.dumps(body),
-            status_code=status,
-            media_type="application/json",
-            headers={"upgrade": "websocket"} if status == 426 else None,
-        )
-        await websocket.send_denial_response(response)
-    else:  # a server without the denial extension: a close, which it answers 403
-        await websocket.close(code=1008)
 
 
 async def serve_socket(scope: Scope, receive: Receive, send: Send) -> None:
@@ -130,7 +98,7 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         client_authorization = gateway.auth.authorize(websocket)
     except GatewayError as exc:
-        await _deny(scope, receive, send, exc.status_code, exc.body())
+        await deny(scope, receive, send, exc.status_code, exc.body())
         return
     # Counted before the accept's await, so handshakes at once cannot all pass the check.
     gateway.open_sockets += 1
@@ -177,10 +145,7 @@ class Socket:
         self.trace = trace_context(websocket)
         self.context: Context | None = None
         self.opened = time.monotonic()
-        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(READ_AHEAD)
-        self._gone = asyncio.Event()  # the client left: nothing more will arrive
-        self._held: deque[str | bytes] = deque()  # read while a response ended
-        self._send_timeout = gateway.config.listen.send_timeout
+        self.channel = Channel(websocket, gateway.config.listen.send_timeout)
         # Counts and logs each response.create as a request (its app is never called:
         # a turn is not an ASGI request).
         self._observer = Observer(
@@ -189,73 +154,34 @@ class Socket:
 
     async def serve(self) -> None:
         settings = self.gateway.config.websocket
-        reader = asyncio.create_task(self._read())
+        self.channel.start()
         try:
             await self._serve(settings.idle_timeout, settings.max_lifetime)
         except Gone:
             pass  # the client left, or stopped reading: its run goes on, detached
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await self.channel.stop()
 
     async def _serve(self, idle_timeout: float, max_lifetime: float) -> None:
         while True:
             try:
                 async with asyncio.timeout(idle_timeout):
-                    message = await self._next()
+                    message = await self.channel.next()
             except TimeoutError:
-                await self._close(1001, "idle")
+                await self.channel.close(1001, "idle")
                 return
             if message is None:
                 return  # the client left
             if time.monotonic() - self.opened > max_lifetime:
-                await self._error(
+                await self.channel.error(
                     400,
                     "The WebSocket connection reached its maximum lifetime; "
                     "reconnect and send the whole input.",
                     "websocket_connection_limit_reached",
                 )
-                await self._close(1000, "lifetime")
+                await self.channel.close(1000, "lifetime")
                 return
             await self._message(message)
-
-    async def _read(self) -> None:
-        """The client's messages into the inbox (a few ahead at most); then ``_gone``."""
-        try:
-            while True:
-                message = await self.websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                data = message.get("text")
-                await self._inbox.put(data if data is not None else message.get("bytes") or b"")
-        finally:
-            self._gone.set()
-
-    async def _next(self) -> str | bytes | None:
-        """The client's next message; None once it has left and nothing is left to read."""
-        if self._held:
-            return self._held.popleft()
-        if not self._inbox.empty():
-            return self._inbox.get_nowait()
-        if self._gone.is_set():
-            return None
-        incoming = asyncio.ensure_future(self._inbox.get())
-        gone = asyncio.ensure_future(self._gone.wait())
-        try:
-            await asyncio.wait({incoming, gone}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            # Cancelled (a relay ended first) after the message was taken: not lost.
-            if incoming.done() and not incoming.cancelled():
-                self._held.appendleft(incoming.result())
-            raise
-        finally:
-            gone.cancel()
-            if not incoming.done():
-                incoming.cancel()
-        if incoming.done() and not incoming.cancelled():
-            return incoming.result()
-        return None
 
     # -- one message ----------------------------------------------------------------
 
@@ -264,21 +190,21 @@ class Socket:
         try:
             message = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            await self._error(400, "The message is not valid JSON.", "invalid_json")
+            await self.channel.error(400, "The message is not valid JSON.", "invalid_json")
             return
         if not isinstance(message, dict):
-            await self._error(400, "The message must be a JSON object.", "invalid_json")
+            await self.channel.error(400, "The message must be a JSON object.", "invalid_json")
             return
         kind = message.get("type")
         if kind != "response.create":
-            await self._error(
+            await self.channel.error(
                 400,
                 f"Unsupported message type {kind!r}: this gateway serves 'response.create'.",
                 "unsupported_event",
             )
             return
         if message.get("stream_id") is not None:
-            await self._error(
+            await self.channel.error(
                 400,
                 "Named streams (stream_id) are not supported by this gateway: "
                 "send one response at a time on the default lane.",
@@ -319,7 +245,7 @@ class Socket:
             )
         except GatewayError as exc:
             record.status = exc.status_code
-            await self._send_error(exc.status_code, exc.body(), _retry_headers(exc))
+            await self.channel.send_error(exc.status_code, exc.body(), _retry_headers(exc))
             return
         await self._run(asked, record)
 
@@ -348,9 +274,7 @@ class Socket:
         """``generate: false``: a response with an id and no output, no model call; its
         input (instructions and tools are the next request's own) is kept as context."""
         response_id = "resp_" + os.urandom(16).hex()
-        usage: dict[str, Any] = dict.fromkeys(USAGE_COUNTS, 0)
-        for key, names in REQUIRED_DETAILS.items():
-            usage[key] = dict.fromkeys(names, 0)
+        usage = ResponsesAccumulator().client_usage()  # zeros, with the details
         response = {
             "id": response_id,
             "object": "response",
@@ -380,7 +304,7 @@ class Socket:
             shown = response | {"status": status}
             if status == "completed":
                 shown["usage"] = usage
-            record.sent += await self._send(
+            record.sent += await self.channel.send(
                 {"type": kind, "sequence_number": number, "response": shown}
             )
         record.complete = True
@@ -401,11 +325,11 @@ class Socket:
             headers = {k.lower(): v for k, v in exc.headers if k.lower() in RETRY_HEADERS}
             if exc.status_code in RETRYABLE_STATUSES:  # the gateway retried it already
                 headers |= NO_RETRY
-            await self._send_error(exc.status_code, _upstream_error(exc), headers)
+            await self.channel.send_error(exc.status_code, _upstream_error(exc), headers)
             return
         except GatewayError as exc:
             record.status = exc.status_code
-            await self._send_error(exc.status_code, exc.body(), _retry_headers(exc))
+            await self.channel.send_error(exc.status_code, exc.body(), _retry_headers(exc))
             return
         record.status = 200
         ended = asyncio.Event()  # the terminal event went out: what comes next is a new turn
@@ -424,7 +348,7 @@ class Socket:
         """Wait for ``relay``, answering messages meanwhile: a create before the terminal
         event is refused, one after it waits for its turn. ``Gone`` if the client left."""
         while not relay.done():
-            incoming = asyncio.ensure_future(self._next())
+            incoming = asyncio.ensure_future(self.channel.next())
             await asyncio.wait({relay, incoming}, return_when=asyncio.FIRST_COMPLETED)
             if not incoming.done():
                 incoming.cancel()
@@ -435,9 +359,9 @@ class Socket:
             if message is None:
                 raise Gone
             if ended.is_set():
-                self._held.append(message)  # the next turn: handled once this one is over
+                self.channel.hold(message)  # the next turn: handled once this one is over
                 continue
-            await self._error(
+            await self.channel.error(
                 400,
                 "A response is already in progress on this connection; send the next "
                 "response.create after its terminal event.",
@@ -459,7 +383,7 @@ class Socket:
                     if event.startswith(b":"):
                         continue  # an SSE keepalive: the socket has its own pings
                     data = event.partition(b"\ndata: ")[2].rstrip(b"\n")
-                    await self._send_frame(data.decode())
+                    await self.channel.send_frame(data.decode())
                     record.sent += len(data)
                     if event.startswith(ENDED):
                         record.complete = True
@@ -492,45 +416,6 @@ class Socket:
             response_id, items, size, previous if isinstance(previous, str) else None
         )
 
-    # -- frames -----------------------------------------------------------------------
-
-    async def _send(self, event: dict[str, Any]) -> int:
-        """Send one frame; its size."""
-        frame = orjson.dumps(event).decode()
-        await self._send_frame(frame)
-        return len(frame)
-
-    async def _send_frame(self, frame: str) -> None:
-        """One text frame; ``Gone`` if the client left, or read none of it within
-        ``listen.send_timeout`` (as over HTTP: a client that stopped reading)."""
-        try:
-            # No lock: uvicorn writes a frame whole once the transport takes bytes, so an
-            # error frame sent meanwhile (a create while a response runs) goes between two.
-            async with asyncio.timeout(self._send_timeout):
-                await self.websocket.send_text(frame)
-        except (TimeoutError, WebSocketDisconnect, OSError, RuntimeError):
-            raise Gone from None
-
-    async def _error(self, status: int, message: str, code: str) -> None:
-        await self._send_error(status, error_body(message, "invalid_request_error", code))
-
-    async def _send_error(
-        self, status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
-    ) -> None:
-        """An error before any response event: ``{"type": "error", "status": N, "error":
-        {...}}``, which Codex reads as an HTTP error of that status; ``headers`` (when a
-        retry would not help, or when to retry) in its ``error.headers``."""
-        inner = body.get("error")
-        error: dict[str, Any] = inner if isinstance(inner, dict) else body
-        if headers:
-            error = error | {"headers": dict(headers)}
-        await self._send({"type": "error", "status": status, "error": error})
-
-    async def _close(self, code: int, reason: str) -> None:
-        if self.websocket.application_state is WebSocketState.CONNECTED:
-            with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
-                await self.websocket.close(code=code, reason=reason)
-
 
 def _forwarded(headers: Any) -> list[tuple[str, str]]:
     """The handshake's headers that go upstream with every response: not the
@@ -562,5 +447,5 @@ def _upstream_error(exc: UpstreamHTTPError) -> dict[str, Any]:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return body
-    failure = UpstreamFailure(f"The upstream answered {exc.status_code}.")
-    return error_body(failure.message, "upstream_error", str(exc.status_code))
+    message = f"The upstream answered {exc.status_code}."
+    return error_body(message, "upstream_error", str(exc.status_code))

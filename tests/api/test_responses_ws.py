@@ -14,9 +14,8 @@ import json
 import os
 import socket as stdlib_socket
 import time
-from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import orjson
@@ -24,10 +23,11 @@ import pytest
 from openai import OpenAI
 from openai.types.responses import ResponsesServerEvent
 from pydantic import TypeAdapter
+from starlette.websockets import WebSocket
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from gateway.api.responses_ws import Socket
+from gateway.api.websocket import Channel
 from gateway.chaos import ChaosUpstream, expected_answer
 from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
@@ -277,16 +277,15 @@ def test_a_message_taken_as_its_reader_is_cancelled_is_kept() -> None:
     first) just after it took a message off the queue; the message is held, not lost."""
 
     async def race() -> str | bytes | None:
-        socket = Socket.__new__(Socket)  # only its inbox and its held messages
-        socket._inbox, socket._gone, socket._held = asyncio.Queue(4), asyncio.Event(), deque()
-        waiting = asyncio.ensure_future(socket._next())
+        channel = Channel(cast(WebSocket, None), send_timeout=1.0)  # its queue only
+        waiting = asyncio.ensure_future(channel.next())
         await asyncio.sleep(0)  # it waits on the queue
-        socket._inbox.put_nowait("next turn")
-        await asyncio.sleep(0)  # the queue's reader took it; _next has not resumed yet
+        channel._inbox.put_nowait("next turn")
+        await asyncio.sleep(0)  # the queue's reader took it; next() has not resumed yet
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
-        return await socket._next()
+        return await channel.next()
 
     assert asyncio.run(race()) == "next turn"
 
