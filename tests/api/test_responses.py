@@ -408,7 +408,11 @@ STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.mark.parametrize("fault", ["reset", "stall", "error", "no_finish", "error_done"])
-@pytest.mark.parametrize("at", [2, 8, 20], ids=["mid-reasoning", "mid-text", "mid-arguments"])
+@pytest.mark.parametrize(
+    "at",
+    [0, 1, 2, 8, 20],
+    ids=["before-anything", "first-delta", "mid-reasoning", "mid-text", "mid-arguments"],
+)
 def test_every_raw_event_validates_against_the_newest_sdks_types(
     recovering: RunningGateway, fault: str, at: int
 ) -> None:

@@ -134,7 +134,16 @@ def test_the_openai_sdks_connect_works_end_to_end(gateway: RunningGateway) -> No
 
 @pytest.mark.parametrize("fault", ["reset", "stall", "error", "no_finish"])
 @pytest.mark.parametrize(
-    "at", [2, 8, 20, 27], ids=["mid-reasoning", "mid-text", "mid-arguments", "after-call"]
+    "at",
+    [0, 1, 2, 8, 20, 27],
+    ids=[
+        "before-anything",
+        "first-delta",
+        "mid-reasoning",
+        "mid-text",
+        "mid-arguments",
+        "after-call",
+    ],
 )
 def test_an_upstream_fault_never_reaches_the_socket(
     socket: ClientConnection, fault: str, at: int
