@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api import ops
 from gateway.api.chat import chat_completions
+from gateway.api.gemini import gemini_routes
 from gateway.api.messages import create_message
 from gateway.api.passthrough import list_models, passthrough
 from gateway.api.responses import create_response, retrieve_response
@@ -33,8 +34,8 @@ from gateway.api.runs import run_events
 from gateway.config.load import default_config, load_config
 from gateway.config.schema import GatewayConfig
 from gateway.context import Gateway
-from gateway.errors import GatewayError, error_body
-from gateway.inbound import speaks_anthropic
+from gateway.errors import GatewayError, error_body, google_error
+from gateway.inbound import speaks_anthropic, speaks_gemini
 from gateway.listen import STATE_KEY, ListenLimits
 from gateway.metrics import Metrics, process_exited, sweep_dead_workers
 from gateway.observe import CLIENT_CLOSED, Observer, request_log
@@ -48,14 +49,16 @@ ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return exc.response(anthropic=speaks_anthropic(request))
+    return exc.response(anthropic=speaks_anthropic(request), google=speaks_gemini(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = exc.detail if exc.status_code != 404 else f"Unknown path {request.url.path}."
     body = error_body(message, "invalid_request_error", str(exc.status_code))
-    if speaks_anthropic(request):
+    if speaks_gemini(request):
+        body = google_error(exc.status_code, message)
+    elif speaks_anthropic(request):
         body = {"type": "error", "error": body["error"]}
     return Response(
         orjson.dumps(body), exc.status_code, media_type="application/json", headers=exc.headers
@@ -72,7 +75,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # The traceback goes to the log, never to the client.
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     error = GatewayError("The gateway failed to handle the request.")
-    return error.response(anthropic=speaks_anthropic(request))
+    return error.response(anthropic=speaks_anthropic(request), google=speaks_gemini(request))
 
 
 def drain_on_sigterm(gateway: Gateway) -> Callable[[], None]:
@@ -180,6 +183,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
         Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
+        *gemini_routes(),
         Route("/v1/{path:path}", passthrough, methods=ALL_METHODS),
         Route("/healthz", ops.healthz, methods=["GET"]),
         Route("/readyz", ops.readyz, methods=["GET"]),

@@ -3,7 +3,8 @@
 Every error a client sees from the gateway itself has the body
 ``{"error": {"message": ..., "type": ..., "code": ...}}`` that OpenAI SDKs parse; on
 ``/v1/messages``, Anthropic's ``{"type": "error", "error": {"type": ..., "message": ...}}``
-(with the same ``code``), its type named as Anthropic names that status.
+(with the same ``code``), its type named as Anthropic names that status; on Gemini's
+paths, Google's ``{"error": {"code": <status>, "message": ..., "status": <name>}}``.
 Errors from an upstream's own 4xx pass through unchanged and never come here.
 
 The hierarchy::
@@ -48,9 +49,14 @@ class GatewayError(Exception):
         kind = ANTHROPIC_TYPES.get(self.status_code, "api_error")
         return {"type": "error", "error": self.body()["error"] | {"type": kind}}
 
-    def response(self, *, anthropic: bool = False) -> Response:
+    def google_body(self) -> dict[str, Any]:
+        """Google's shape (the Gemini API's paths): its status named as google.rpc does."""
+        return google_error(self.status_code, self.message)
+
+    def response(self, *, anthropic: bool = False, google: bool = False) -> Response:
+        body = self.google_body() if google else self.anthropic_body() if anthropic else None
         return Response(
-            orjson.dumps(self.anthropic_body() if anthropic else self.body()),
+            orjson.dumps(body or self.body()),
             status_code=self.status_code,
             media_type="application/json",
             headers=self.headers,
@@ -131,6 +137,30 @@ ANTHROPIC_TYPES = {
     500: "api_error",
     529: "overloaded_error",
 }
+
+
+# Google's status names (google.rpc.Code), by HTTP status.
+GOOGLE_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def google_error(code: int, message: str) -> dict[str, Any]:
+    return {
+        "error": {"code": code, "message": message, "status": GOOGLE_STATUSES.get(code, "UNKNOWN")}
+    }
 
 
 def error_body(message: str, error_type: str, code: str | int | None) -> dict[str, Any]:

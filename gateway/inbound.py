@@ -19,21 +19,38 @@ def speaks_anthropic(request: Request) -> bool:
     return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
+GEMINI_VERSIONS = ("/v1beta/", "/v1alpha/")
+
+
+def speaks_gemini(request: HTTPConnection) -> bool:
+    """Whether the client speaks the Gemini API (so reads Google-shaped errors): a path
+    under ``/v1beta`` or ``/v1alpha``, a model's method (``/v1/models/{m}:{method}``),
+    or the ``x-goog-api-key`` its SDKs send."""
+    path: str = request.scope["path"]
+    if path.startswith(GEMINI_VERSIONS) or "x-goog-api-key" in request.headers:
+        return True
+    return path.startswith("/v1/models/") and ":" in path.rpartition("/")[2]
+
+
 def client_protocol(request: Request) -> str:
     """The API family of a request that is not a model call of its own (pass-through,
     ``/v1/models``): ``messages`` from an Anthropic client (a ``/v1/messages/...`` path,
     or the ``anthropic-version`` header its SDKs always send), else ``chat``. It picks
-    the upstream, so an Anthropic client's key never goes to an OpenAI upstream."""
+    the upstream, so an Anthropic client's key never goes to an OpenAI upstream; a Gemini
+    client's requests go to Gemini's."""
     if speaks_anthropic(request) or "anthropic-version" in request.headers:
         return "messages"
+    if speaks_gemini(request):
+        return "gemini"
     return "chat"
 
 
 def credential(request: HTTPConnection) -> str | None:
     """The credential a client presented, which owns the runs it starts: its
-    ``Authorization`` (the openai SDK), else its ``x-api-key`` (the anthropic SDK)."""
+    ``Authorization`` (the openai SDK), else its ``x-api-key`` (the anthropic SDK), else
+    its ``x-goog-api-key`` (the Gemini SDKs; a ``?key=`` is moved there at the door)."""
     headers = request.headers
-    return headers.get("authorization") or headers.get("x-api-key")
+    return headers.get("authorization") or headers.get("x-api-key") or headers.get("x-goog-api-key")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -91,8 +108,8 @@ class ClientAuth:
         return not self._keys
 
     def authorize(self, request: HTTPConnection) -> str | None:
-        """A gateway key as ``Authorization: Bearer`` (the openai SDK) or ``x-api-key``
-        (the anthropic SDK)."""
+        """A gateway key as ``Authorization: Bearer`` (the openai SDK), ``x-api-key``
+        (the anthropic SDK) or ``x-goog-api-key`` (the Gemini SDKs)."""
         header = request.headers.get("authorization")
         if not self._keys:
             return header
@@ -100,7 +117,8 @@ class ClientAuth:
             scheme, _, token = header.partition(" ")
             presented = token.strip().encode() if scheme.lower() == "bearer" else b""
         else:
-            presented = request.headers.get("x-api-key", "").encode()
+            headers = request.headers
+            presented = (headers.get("x-api-key") or headers.get("x-goog-api-key", "")).encode()
         # Compare against every key so the time taken does not say which matched.
         matched = False
         for key in self._keys:

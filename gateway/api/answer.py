@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from gateway.api.passthrough import upstream_error_response
 from gateway.api.runs import RunStream, disconnected, resume_stream
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
-from gateway.inbound import credential, speaks_anthropic, trace_context
+from gateway.inbound import credential, speaks_anthropic, speaks_gemini, trace_context
 from gateway.observe import CLIENT_CLOSED, RequestLog, request_log
 from gateway.protocols import Adapter
 from gateway.recovery.classify import RETRYABLE_STATUSES
@@ -46,9 +46,14 @@ class Asked:
     fallbacks: list[str] | None  # the request's own ``fallbacks`` (checked), if any
 
 
-async def asked(request: Request, adapter: Adapter) -> Asked | Response:
+async def asked(
+    request: Request,
+    adapter: Adapter,
+    shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Asked | Response:
     """Read and route a ``POST`` of ``adapter``'s API; the rest of a run if it names one
-    (``x-run-id``: a resume, answered here)."""
+    (``x-run-id``: a resume, answered here). ``shape``: checks the body and adds what the
+    door knows of it (Gemini's model and mode are in its path)."""
     started = time.perf_counter()
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
@@ -57,6 +62,8 @@ async def asked(request: Request, adapter: Adapter) -> Asked | Response:
         return await resume_stream(request, gateway, resumed)
     query = run_query(request.scope["query_string"])
     body = await gateway.read_json(request)
+    if shape is not None:
+        body = shape(body)
     return routed(gateway, adapter, body, client_authorization, started, query, label=request_log())
 
 
@@ -135,7 +142,7 @@ async def answer(request: Request, asked: Asked) -> Response:
             headers |= NO_RETRY
         return upstream_error_response(exc.status_code, exc.headers, exc.content, **headers)
     except GatewayError as exc:
-        response = exc.response(anthropic=speaks_anthropic(request))
+        response = exc.response(anthropic=speaks_anthropic(request), google=speaks_gemini(request))
         response.headers.update(headers)
         if isinstance(exc, UpstreamFailure):  # 502/504 once every leg's budget is spent
             response.headers.update(NO_RETRY)

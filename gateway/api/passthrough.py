@@ -59,11 +59,11 @@ async def relay(
     target: str | None = None,
 ) -> Response:
     upstream = leg.upstream
-    if upstream.kind in ("bedrock", "vertex"):  # a cloud's one door: streamed Messages
+    if upstream.kind in ("bedrock", "vertex"):  # a cloud's one door: streamed answers
         raise NotFound(
-            f"Upstream {upstream.name!r} (kind {upstream.kind}) serves POST /v1/messages "
-            f"only; {request.method} {request.url.path} goes to an anthropic or openai "
-            "upstream (docs/providers.md)."
+            f"Upstream {upstream.name!r} (kind {upstream.kind}) serves streamed answers "
+            f"only; {request.method} {request.url.path} goes to an anthropic, openai or "
+            "gemini upstream (docs/providers.md)."
         )
     forwarded = forwarded_request_headers(
         request.headers.items(), credentials=gateway.auth.passes_credentials
@@ -122,11 +122,13 @@ async def passthrough(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     """The default upstream's models, plus every route that names a model exactly. An
-    Anthropic client gets its upstream's list as it is (its SDK reads Anthropic's shape)."""
+    Anthropic or a Gemini client gets its upstream's list as it is (its SDK reads its
+    API's shape)."""
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
-    if client_protocol(request) == "messages":
-        leg = gateway.router.default_leg("messages")
+    protocol = client_protocol(request)
+    if protocol in ("messages", "gemini"):  # their SDKs read their own list's shape
+        leg = gateway.router.default_leg(protocol)
         return await relay(request, gateway, leg, b"", client_authorization)
     leg = gateway.router.default_leg("chat")
     forwarded = forwarded_request_headers(

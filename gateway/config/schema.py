@@ -27,18 +27,22 @@ from pydantic import (
 ENV_PREFIX = "GATEWAY_"
 DEFAULT_UPSTREAM_URL = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_URL = "https://api.anthropic.com"
+DEFAULT_GEMINI_URL = "https://generativelanguage.googleapis.com/v1beta"
+GEMINI_VERSIONS = ("/v1", "/v1beta", "/v1alpha")
 
 Continuation = Literal["prompt", "prefill", "vllm", "prefix", "prefix_echo", "none"]
 # The streaming APIs an upstream serves: OpenAI, vLLM, Ollama and OpenRouter serve
 # chat and responses; a server with chat completions only says ["chat"]; Anthropic
-# (and Anthropic-compatible servers) serve messages.
-Protocol = Literal["chat", "responses", "messages"]
+# (and Anthropic-compatible servers) serve messages; Google's Gemini API (the Developer
+# API, Vertex AI) serves gemini.
+Protocol = Literal["chat", "responses", "messages", "gemini"]
 # How an upstream takes its key and where its API lives: OpenAI's way (Authorization:
 # Bearer, base_url up to /chat/completions), or Anthropic's (x-api-key and
 # anthropic-version, base_url as the anthropic SDK takes it: up to /v1/messages); the
 # same models on other clouds: Claude on Amazon Bedrock (SigV4) and Google Vertex AI
-# (OAuth), OpenAI's models on Azure OpenAI (api-key). docs/providers.md.
-UpstreamKind = Literal["openai", "anthropic", "bedrock", "vertex", "azure"]
+# (OAuth), OpenAI's models on Azure OpenAI (api-key); Gemini on Google's Gemini Developer
+# API (x-goog-api-key) and on Vertex AI. docs/providers.md.
+UpstreamKind = Literal["openai", "anthropic", "bedrock", "vertex", "azure", "gemini"]
 ANTHROPIC_VERSION = "2023-06-01"
 # Kinds that speak the Anthropic Messages API, in their own framing and auth.
 MESSAGES_KINDS = frozenset({"anthropic", "bedrock", "vertex"})
@@ -154,7 +158,9 @@ class Upstream(_Model):
     name: str = Field(min_length=1)
     kind: UpstreamKind = "openai"
     # openai: up to, not including, /chat/completions (https://api.openai.com/v1);
-    # anthropic: up to, not including, /v1/messages (https://api.anthropic.com).
+    # anthropic: up to, not including, /v1/messages (https://api.anthropic.com);
+    # gemini: up to, not including, /models, with the API version (default:
+    # https://generativelanguage.googleapis.com/v1beta).
     base_url: str = Field(pattern=r"^https?://")
     api_key: SecretStr | None = None
     headers: dict[str, SecretStr] = Field(default_factory=dict)
@@ -187,7 +193,9 @@ class Upstream(_Model):
     # default is prefix. A leg's own `continuation` wins over both.
     continuation_models: dict[str, Continuation] = Field(default_factory=dict)
     circuit: Circuit = Circuit()
-    # Default: ["chat", "responses"]; ["messages"] on an anthropic upstream.
+    # Default: ["chat", "responses"]; ["messages"] on an anthropic, bedrock or vertex
+    # upstream; ["gemini"] on a gemini one. A vertex upstream serves Claude (messages),
+    # Gemini (gemini), or both.
     protocols: list[Protocol] = Field(default=["chat", "responses"], min_length=1)
     # Unset: HTTPS_PROXY / HTTP_PROXY / ALL_PROXY and NO_PROXY, as curl reads them; a URL
     # (http://user:pass@proxy:3128): that proxy; null: direct, whatever the environment.
@@ -246,6 +254,13 @@ class Upstream(_Model):
         if kind in MESSAGES_KINDS:
             defaults = {"protocols": ["messages"], "continuation": "prefill"}
             data = defaults | data
+        elif kind == "gemini":
+            defaults = {
+                "protocols": ["gemini"],
+                "continuation": "prefill",
+                "base_url": DEFAULT_GEMINI_URL,
+            }
+            data = defaults | data
         region = data.get("region")
         if kind in ("bedrock", "vertex") and not region:
             raise ValueError(f"kind {kind} needs a region")
@@ -290,8 +305,14 @@ class Upstream(_Model):
                 "kind azure needs base_url up to /openai/v1, or api_version for the "
                 "deployments form (base_url up to the resource)"
             )
-        if self.kind in ("bedrock", "vertex") and self.protocols != ["messages"]:
-            raise ValueError(f"kind {self.kind} serves protocols [messages] only")
+        if self.kind == "bedrock" and self.protocols != ["messages"]:
+            raise ValueError("kind bedrock serves protocols [messages] only")
+        if self.kind == "vertex" and not set(self.protocols) <= {"messages", "gemini"}:
+            raise ValueError("kind vertex serves protocols messages (Claude) and gemini only")
+        if self.kind == "gemini" and self.protocols != ["gemini"]:
+            raise ValueError("kind gemini serves protocols [gemini] only")
+        if "gemini" in self.protocols and self.kind not in ("gemini", "vertex"):
+            raise ValueError("protocol gemini is served by kinds gemini and vertex")
         return self
 
     @property
@@ -301,10 +322,13 @@ class Upstream(_Model):
     @property
     def api_root(self) -> str:
         """What API paths go under (``/chat/completions``, ``/messages``, ``/models``):
-        an anthropic upstream's base URL is the SDK's, without the ``/v1``."""
+        an anthropic upstream's base URL is the SDK's, without the ``/v1``; a gemini
+        upstream's without a version gets ``/v1beta``, the Gemini SDKs' own."""
         root = self.root
         if self.kind == "anthropic" and not root.endswith("/v1"):
             return root + "/v1"
+        if self.kind == "gemini" and not root.endswith(GEMINI_VERSIONS):
+            return root + "/v1beta"
         return root
 
 

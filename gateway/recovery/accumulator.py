@@ -49,6 +49,9 @@ class RunAccumulator:
     def __init__(self) -> None:
         self.identity: dict[str, Any] | None = None  # id, created, model, system_fingerprint
         self.role: str | None = None
+        # The kind of upstream being asked or relayed (``Run.request_body``): a protocol
+        # whose parts are signed for one provider (Gemini's) records who made each.
+        self.origin: str | None = None
         self.finish_reason: str | None = None
         self.reasoning_field = REASONING_FIELDS[0]
         self.tool_calls: list[ToolCall] = []

@@ -199,6 +199,7 @@ class Run:
     def request_body(self, leg: ResolvedLeg) -> bytes | None:
         """The body for ``leg`` under the current plan; None if the leg cannot continue."""
         body = self.adapter.upstream_body(self._body, leg.model)
+        self.accumulator.origin = leg.upstream.kind
         self._seam = None
         self._prefilled = False
         if self._plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):

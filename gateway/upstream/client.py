@@ -182,6 +182,8 @@ class UpstreamClient:
                 headers["x-api-key"] = key
             elif upstream.kind == "azure":
                 headers["api-key"] = key
+            elif upstream.kind == "gemini":
+                headers["x-goog-api-key"] = key
             else:
                 headers["authorization"] = f"Bearer {key}"
         return headers
@@ -310,6 +312,7 @@ class UpstreamClient:
         headers["accept"] = provider.accept
         # Compression would make proxies and the decoder buffer small SSE frames.
         headers["accept-encoding"] = "identity"
+        method = path
         path = provider.target(path, leg.model)
         url, target = self._stream_target(upstream.name, path, memo=not provider.model_in_path)
         try:  # a credential lookup is part of the wait for the first byte
@@ -333,7 +336,7 @@ class UpstreamClient:
             )
             if response.status_code >= 400:
                 status, headers_out, content = await self.read_error(response)
-                content = provider.error(status, headers_out, content)
+                content = provider.error(status, headers_out, content, method)
                 raise UpstreamHTTPError(status, headers_out, content)
         if self._view and self.answer_metadata is None:
             self.answer_metadata = answer_metadata(response.headers.multi_items())

@@ -11,10 +11,10 @@ a client's end-to-end headers go upstream (``OpenAI-Organization``,
 - the gateway's own ``x-run-id`` and ``x-resume-from`` (and an EventSource's
   ``Last-Event-ID``): they address a run here;
 - ``cookie``: the gateway origin's, nothing an API upstream should see;
-- credentials (``authorization``, ``x-api-key``, ``api-key``): the client's go only to
-  an upstream without a credential of its own, and only when the gateway has no keys
-  (``UpstreamClient.request_headers``). ``authorization`` takes that path separately,
-  because a gateway with keys checks it and never forwards it.
+- credentials (``authorization``, ``x-api-key``, ``api-key``, ``x-goog-api-key``): the
+  client's go only to an upstream without a credential of its own, and only when the
+  gateway has no keys (``UpstreamClient.request_headers``). ``authorization`` takes that
+  path separately, because a gateway with keys checks it and never forwards it.
 
 The upstream's configured ``headers`` and key are applied last, so they win over a
 client's. A chat completion also sets ``content-type``, ``accept`` and
@@ -60,8 +60,8 @@ NOT_FORWARDED = HOP_BY_HOP | {
     "x-resume-from",
     "last-event-id",
 }
-# A client's credentials besides Authorization (Anthropic-style, Azure-style).
-CREDENTIALS = frozenset({"x-api-key", "api-key"})
+# A client's credentials besides Authorization (Anthropic-style, Azure-style, Google's).
+CREDENTIALS = frozenset({"x-api-key", "api-key", "x-goog-api-key"})
 # An upstream that configures one of these has a credential of its own.
 OWN_CREDENTIALS = CREDENTIALS | {"authorization"}
 

@@ -25,6 +25,16 @@ The same models are served by several providers, each with its own door:
   OAuth bearer token from Google's application default credentials (google-auth),
   refreshed before it expires (google-auth's ``valid``: 3 min 45 s early). SSE back.
 
+- ``gemini`` (Gemini on Google's Gemini Developer API): ``/models/{model}:
+  streamGenerateContent?alt=sse`` under ``base_url`` (which holds the API version,
+  ``/v1beta`` by default); the key in ``x-goog-api-key`` (the upstream's ``api_key``, or
+  the client's passed through); the body without ``model`` and ``stream``. SSE back,
+  where an error that ends a stream is Google's raw JSON object after the events
+  (``RawJSONDecoder``).
+- ``vertex`` serves Gemini too, at ``…/publishers/google/models/{model}:
+  streamGenerateContent?alt=sse``, with the same token; errors in Google's shape, as
+  the Developer API's.
+
 A Bedrock or Vertex leg never gets the client's credentials (its own are the cloud's)
 nor ``anthropic-version`` (in the body). Their errors before a stream are rewritten
 in Anthropic's shape, so a Messages client reads them as it reads Anthropic's.
@@ -46,7 +56,7 @@ import orjson
 
 from gateway.config.schema import ConfigError, Upstream
 from gateway.errors import ANTHROPIC_TYPES, UpstreamFailure
-from gateway.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
+from gateway.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, RawJSONDecoder, SSEDecoder
 
 BEDROCK_VERSION = "bedrock-2023-05-31"
 VERTEX_VERSION = "vertex-2023-10-16"
@@ -127,9 +137,39 @@ class Provider:
     def decoder(self, max_event_bytes: int) -> Decoder:
         return SSEDecoder(max_event_bytes)
 
-    def error(self, status: int, headers: Sequence[tuple[str, str]], content: bytes) -> bytes:
-        """An error answer as the protocol's clients read it."""
+    def error(
+        self, status: int, headers: Sequence[tuple[str, str]], content: bytes, path: str
+    ) -> bytes:
+        """An error answer to a request for ``path`` as the protocol's clients read it."""
         return content
+
+
+def gemini_target(path: str, model: str, prefix: str = "") -> str:
+    """A Gemini method (``:streamGenerateContent``, the adapter's path, with the client's
+    query) on ``model``: always ``alt=sse``, the gateway reads an event stream."""
+    method, _, query = path.partition("?")
+    kept = [q for q in query.split("&") if q and not q.startswith("alt=")]
+    return f"{prefix}/models/{_segment(model, '@')}{method}?" + "&".join(["alt=sse", *kept])
+
+
+def is_gemini(path: str) -> bool:
+    """Whether ``path`` is a Gemini method (GeminiAdapter.path): a model's ``:method``."""
+    return path.startswith(":")
+
+
+class GeminiAPI(Provider):
+    """Gemini on Google's Gemini Developer API (generativelanguage.googleapis.com)."""
+
+    model_in_path = True
+
+    def target(self, path: str, model: str) -> str:
+        return gemini_target(path, model)
+
+    def body(self, body: dict[str, Any], client_headers: Mapping[str, str]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k not in ("model", "stream")}
+
+    def decoder(self, max_event_bytes: int) -> Decoder:
+        return RawJSONDecoder(max_event_bytes)
 
 
 class Azure(Provider):
@@ -161,7 +201,11 @@ class _Claude(Provider):
         body.setdefault("anthropic_version", self.version)
         return body
 
-    def error(self, status: int, headers: Sequence[tuple[str, str]], content: bytes) -> bytes:
+    def error(
+        self, status: int, headers: Sequence[tuple[str, str]], content: bytes, path: str
+    ) -> bytes:
+        if is_gemini(path):
+            return content  # Google's own shape, which Gemini clients read
         kind = ANTHROPIC_TYPES.get(status, "api_error")
         if status in (401, 403):
             # AWS's signature refusals quote the canonical request, signed session token
@@ -294,11 +338,23 @@ class Vertex(_Claude):
 
     def target(self, path: str, model: str) -> str:
         upstream = self.upstream
-        return (
+        location = (
             f"/projects/{quote(upstream.project or '', safe='')}/locations/"
-            f"{quote(upstream.region or '', safe='')}/publishers/anthropic/models/"
-            f"{_segment(model, '@')}:streamRawPredict"
+            f"{quote(upstream.region or '', safe='')}/publishers"
         )
+        if is_gemini(path):
+            return gemini_target(path, model, f"{location}/google")
+        return f"{location}/anthropic/models/{_segment(model, '@')}:streamRawPredict"
+
+    def body(self, body: dict[str, Any], client_headers: Mapping[str, str]) -> dict[str, Any]:
+        if "contents" in body:  # Gemini's request: no anthropic_version
+            return {k: v for k, v in body.items() if k not in ("model", "stream")}
+        return super().body(body, client_headers)
+
+    def decoder(self, max_event_bytes: int) -> Decoder:
+        # Gemini's streams end with Google's raw error object when they fail; Claude's
+        # never hold a line outside the event-stream grammar.
+        return RawJSONDecoder(max_event_bytes)
 
     async def _token(self) -> str:
         import google.auth
@@ -393,6 +449,7 @@ PROVIDERS: dict[str, type[Provider]] = {
     "azure": Azure,
     "bedrock": Bedrock,
     "vertex": Vertex,
+    "gemini": GeminiAPI,
 }
 
 

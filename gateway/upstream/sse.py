@@ -26,10 +26,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import httpx2
+import orjson
 
 from gateway.errors import UpstreamFailure
 
 BOM = b"\xef\xbb\xbf"
+_FIELDS = (b":", b"event", b"id", b"retry")
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # the default of limits.max_event_bytes
 
 
@@ -39,6 +41,8 @@ class EventTooLarge(httpx2.RemoteProtocolError):
 
 class SSEDecoder:
     """Feed body chunks, get the ``data`` of each complete event (empty ones skipped)."""
+
+    raw_json = False  # lines outside the event-stream grammar mean something (RawJSONDecoder)
 
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._max = max_event_bytes
@@ -96,6 +100,8 @@ class SSEDecoder:
                     data.append(line[5:])
                 elif line == b"data":
                     data.append(b"")
+            elif self.raw_json and not line.startswith(_FIELDS):
+                self._raw_line(line, out)
         held = len(rest) + (sum(map(len, data)) if data else 0)
         if held > self._max:
             # Events completed in this read go too: the stream is broken, and the
@@ -104,6 +110,9 @@ class SSEDecoder:
         self._held = held
         return out
 
+    def _raw_line(self, line: bytes, out: list[bytes]) -> None:
+        """A line that is no SSE field (see ``RawJSONDecoder``)."""
+
     def _overflow(self) -> None:
         self._partial = []
         self._data.clear()
@@ -111,6 +120,41 @@ class SSEDecoder:
         raise EventTooLarge(
             f"The upstream sent an event line or event larger than {self._max} bytes."
         )
+
+
+class RawJSONDecoder(SSEDecoder):
+    """An event stream that may end with a JSON object outside any event: Google's APIs
+    write their error that way after the events of a stream they cannot finish (an
+    ``{"error": …}`` object over several lines). Such lines, which the event-stream
+    grammar ignores as unknown fields, are joined until they parse as one JSON object,
+    which is then returned like an event's data; what never parses is dropped at the
+    event limit, as an overlong event would be."""
+
+    raw_json = True
+
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        super().__init__(max_event_bytes)
+        self._raw: list[bytes] = []
+        self._raw_bytes = 0
+
+    def _raw_line(self, line: bytes, out: list[bytes]) -> None:
+        self._raw.append(line)
+        self._raw_bytes += len(line)
+        if self._raw_bytes > self._max:
+            self._raw, self._raw_bytes = [], 0
+            self._overflow()
+        if not line.rstrip().endswith((b"}", b"]")):
+            return
+        joined = b"\n".join(self._raw)
+        try:
+            obj = orjson.loads(joined)
+        except orjson.JSONDecodeError:
+            return
+        self._raw, self._raw_bytes = [], 0
+        if isinstance(obj, list) and len(obj) == 1:  # the JSON-array form of a stream
+            obj = obj[0]
+        if isinstance(obj, dict):
+            out.append(orjson.dumps(obj))
 
 
 def event_stream(

@@ -1,0 +1,93 @@
+"""What a Gemini client holds: the parts of its answer, and the run's accumulator of them.
+
+The splicer (``gemini_splice``) decides what goes out; this is the record of what went:
+the answer's parts as the client assembles them (consecutive text of one kind merged,
+each ``thoughtSignature`` on the part it came on), the first leg's identity
+(``responseId``, ``modelVersion``), the candidate's last metadata, and the assembled
+``GenerateContentResponse``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.recovery.accumulator import RunAccumulator, ToolCall
+
+USAGE_COUNTS = ("promptTokenCount", "candidatesTokenCount", "totalTokenCount")
+SIGNATURE = "thoughtSignature"
+# What a response says of itself, besides its candidates and usage: kept from the first
+# leg, so every chunk the client gets names one response.
+IDENTITY_FIELDS = ("responseId", "modelVersion", "createTime")
+
+
+class GeminiAccumulator(RunAccumulator):
+    """What the client was sent, with the Gemini-only parts: the parts and who signed them."""
+
+    usage_counts = USAGE_COUNTS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.response: dict[str, Any] | None = None  # the identity fields the client got
+        self.parts: list[dict[str, Any]] = []
+        # The upstream kind whose leg produced each part (None: not known, a takeover's
+        # replay): a signature goes back only to the provider that made it.
+        self.origins: list[str | None] = []
+        self.candidate: dict[str, Any] = {}  # the candidate's other fields, last seen
+        self.prompt_feedback: Any = None
+
+    def record(self, part: dict[str, Any], origin: str | None) -> None:
+        """A part the client was sent. Text of one kind (answer, thought) goes on the last
+        part while neither carries a signature, as the assembled answer has it."""
+        text = part.get("text")
+        if type(text) is str:
+            thought = part.get("thought") is True
+            if thought:
+                self.add_reasoning("thought", text)
+            else:
+                self.add_text(text)
+            last = self.parts[-1] if self.parts else None
+            if (
+                last is not None
+                and type(last.get("text")) is str
+                and (last.get("thought") is True) == thought
+                and SIGNATURE not in last
+                and self.origins[-1] == origin
+                and part.keys() <= {"text", "thought", SIGNATURE}
+            ):
+                merged = last | {"text": last["text"] + text}
+                if SIGNATURE in part:
+                    merged[SIGNATURE] = part[SIGNATURE]
+                self.parts[-1] = merged
+                return
+        call = part.get("functionCall")
+        if type(call) is dict:
+            name = call.get("name")
+            arguments = orjson.dumps(call.get("args") or {}).decode()
+            call_id = call.get("id")
+            self.tool_calls.append(
+                ToolCall(
+                    len(self.tool_calls),
+                    call_id if type(call_id) is str else f"call_{len(self.tool_calls)}",
+                    name if type(name) is str else "",
+                    arguments,
+                )
+            )
+        self.parts.append(dict(part))
+        self.origins.append(origin)
+
+    def response_object(self) -> dict[str, Any]:
+        """The assembled ``GenerateContentResponse`` (a non-streaming answer)."""
+        candidate = dict(self.candidate)
+        candidate["content"] = {"parts": self.parts, "role": "model"}
+        if self.finish_reason is not None:
+            candidate["finishReason"] = self.finish_reason
+        candidate.setdefault("index", 0)
+        response: dict[str, Any] = {"candidates": [candidate]}
+        if self.prompt_feedback is not None:
+            response["promptFeedback"] = self.prompt_feedback
+        usage = self.usage
+        if usage is not None:
+            response["usageMetadata"] = usage
+        return response | (self.response or {})
