@@ -1,0 +1,108 @@
+"""Terminal output (text with ANSI colour codes) drawn as an SVG terminal window."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from xml.sax.saxutils import escape
+
+_SGR = re.compile(r"\033\[([0-9;]*)m")
+
+# What the demo's report uses (gateway.demo.report.Style), on a dark background.
+BACKGROUND = "#1e1f29"
+FOREGROUND = "#d6d7dd"
+COLOURS = {"31": "#ff6e6e", "32": "#5af78e", "33": "#f4f99d", "36": "#6ed5e6"}
+DIM = "#8a8c99"
+
+FONT = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
+FONT_SIZE = 13
+CELL = FONT_SIZE * 0.6  # a monospace character's advance, in px
+LINE = 18
+PAD = 16
+TITLE_BAR = 30
+
+
+def columns(text: str) -> int:
+    """Terminal columns, as the demo's report counts them: wide characters take two."""
+    total = 0
+    for char in text:
+        if unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue
+        total += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return total
+
+
+@dataclass(frozen=True)
+class Run:
+    """Characters of one line in one style, from a column."""
+
+    column: int
+    text: str
+    bold: bool
+    dim: bool
+    colour: str | None
+
+
+def styled_runs(line: str) -> list[Run]:
+    """One line's text split where its ANSI style changes."""
+    runs: list[Run] = []
+    column, bold, dim, colour = 0, False, False, None
+    position = 0
+    for match in [*_SGR.finditer(line), None]:
+        end = match.start() if match else len(line)
+        if text := line[position:end]:
+            runs.append(Run(column, text, bold, dim, colour))
+            column += columns(text)
+        if match is None:
+            break
+        position = match.end()
+        for code in match[1].split(";") if match[1] else ["0"]:
+            if code in ("0", ""):
+                bold, dim, colour = False, False, None
+            elif code == "1":
+                bold = True
+            elif code == "2":
+                dim = True
+            elif code in COLOURS:
+                colour = COLOURS[code]
+    return runs
+
+
+def terminal_svg(output: str, title: str, width_columns: int) -> str:
+    """``output`` (lines with ANSI codes) in a terminal window ``width_columns`` wide."""
+    lines = output.rstrip("\n").split("\n")
+    width = round(2 * PAD + width_columns * CELL)
+    height = TITLE_BAR + 2 * PAD + len(lines) * LINE
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">',
+        f"<title>{escape(title)}</title>",
+        f'<rect width="{width}" height="{height}" rx="8" fill="{BACKGROUND}"/>',
+        f'<rect width="{width}" height="{TITLE_BAR}" rx="8" fill="#2b2d3a"/>',
+        f'<rect y="{TITLE_BAR - 8}" width="{width}" height="8" fill="#2b2d3a"/>',
+    ]
+    for index, colour in enumerate(("#ff5f57", "#febc2e", "#28c840")):
+        parts.append(f'<circle cx="{18 + 20 * index}" cy="15" r="6" fill="{colour}"/>')
+    parts.append(
+        f'<text x="{width / 2}" y="19" fill="{DIM}" font-family="{FONT}" font-size="12" '
+        f'text-anchor="middle">{escape(title)}</text>'
+    )
+    parts.append(
+        f'<g font-family="{FONT}" font-size="{FONT_SIZE}" fill="{FOREGROUND}" xml:space="preserve">'
+    )
+    for number, line in enumerate(lines):
+        y = TITLE_BAR + PAD + (number + 1) * LINE - 5
+        for run in styled_runs(line):
+            if not run.text.strip():
+                continue
+            attributes = [f'x="{PAD + run.column * CELL:.1f}"', f'y="{y}"']
+            if run.colour or run.dim:
+                attributes.append(f'fill="{run.colour or DIM}"')
+            if run.bold:
+                attributes.append('font-weight="bold"')
+            # textLength keeps a run on its columns whatever the font's real advance.
+            attributes.append(f'textLength="{columns(run.text) * CELL:.1f}"')
+            parts.append(f"<text {' '.join(attributes)}>{escape(run.text)}</text>")
+    parts.append("</g></svg>")
+    return "\n".join(parts) + "\n"
