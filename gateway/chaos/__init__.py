@@ -14,7 +14,9 @@ Modules: ``spec`` (grammar), ``answer`` (content and deltas), ``render`` (bytes)
 ``http11`` (the minimal HTTP/1.1), ``wire`` (writing bodies: batched, paced, split),
 ``faults`` (what each fault sends, and how the socket breaks), ``responses`` (the
 same answers as Responses API events, ``POST /v1/responses``), ``messages`` (the
-same answers as Anthropic Messages API events, ``POST /v1/messages``), ``server``
+same answers as Anthropic Messages API events, ``POST /v1/messages``), ``gemini`` and
+``gemini_stream`` (the same answers in the native Gemini API, by the Developer API's door
+and Vertex AI's), ``server``
 (``ChaosUpstream``), ``runner`` (in a thread, or as the process's server).
 
 ``POST /v1/messages`` speaks Anthropic's dialect: the reasoning is a ``thinking``
@@ -26,6 +28,18 @@ Anthropic's shape. In-band faults there: ``error`` an ``overloaded_error`` event
 ``error_fatal`` an ``invalid_request_error`` one, ``error_done`` an ``api_error``
 then ``message_stop``, ``finish_error`` an ``api_error``; ``no_finish`` ends without
 ``message_delta``/``message_stop``; ``malformed`` inserts a non-JSON delta event.
+
+``POST /{v1,v1beta,v1alpha}/models/{model}:streamGenerateContent?alt=sse`` (and
+``:generateContent``, ``:countTokens``; a key in ``x-goog-api-key`` or ``?key=``) and
+Vertex AI's ``POST /v1/projects/{p}/locations/{r}/publishers/google/models/{model}:…``
+(a bearer token, as for Claude there) speak Gemini's dialect: thought parts when asked
+(``includeThoughts``), text parts, whole ``functionCall`` parts, one chunk per delta,
+``finishReason`` and the whole ``usageMetadata`` on the last; a ``thoughtSignature`` per
+response that only its door accepts (``gemini.thought_signature``,
+``gemini.signature_valid``); a trailing ``model`` turn is a prefill, refused as Gemini 3
+refuses it by a ``gemini-3…`` model or ``prefill=0``. In-band faults there: ``error``
+Google's raw 503 object after the events, ``error_data`` the same as a ``data:`` event
+(elsewhere: ``error``), ``error_fatal`` a raw 400, ``finish_error`` a raw 500.
 
 What an agent sends back on its next turn is checked as the providers check it: a
 ``thinking`` block must carry the signature its response gave for its text

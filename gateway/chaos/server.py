@@ -12,11 +12,13 @@ the Responses API's events (``responses.py``); ``/v1/messages`` says it in the
 Anthropic Messages API's events (``messages.py``), where a trailing assistant
 message is a prefill to continue (no flag needed) and every error, an error status
 or an in-band ``error`` event, has Anthropic's shape
-(``{"type":"error","error":{"type","message"}}``).
+(``{"type":"error","error":{"type","message"}}``). Gemini's doors (the Developer API's
+``/v1beta/models/{model}:streamGenerateContent``, Vertex AI's ``publishers/google``)
+say it in Gemini's chunks (``gemini.py``, ``gemini_stream.py``), errors in Google's shape.
 
 Past 450 lines on purpose: ``ChaosUpstream`` is the one place that turns a request
 into its answer and its fault, for every door; what a door says is in its dialect
-module (``responses.py``, ``messages.py``, ``clouds.py``), what the answer is in
+module (``responses.py``, ``messages.py``, ``clouds.py``, ``gemini.py``), what the answer is in
 ``answer.py``, how a fault acts in ``faults.py``.
 """
 
@@ -35,7 +37,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos import clouds, messages, render, responses
+from gateway.chaos import clouds, gemini, gemini_stream, messages, render, responses
 from gateway.chaos.answer import (
     Script,
     anchor_of,
@@ -60,6 +62,7 @@ from gateway.chaos.faults import (
 )
 from gateway.chaos.http11 import SSE_HEAD, BadRequest, Request, read_request
 from gateway.chaos.spec import (
+    GEMINI_FAULTS,
     HTTP2_FAULTS,
     HTTP_FAULTS,
     STREAM_FAULTS,
@@ -71,6 +74,7 @@ from gateway.chaos.wire import send_events, send_json, send_json_cut
 
 logger = logging.getLogger("gateway.chaos")
 
+GEMINI = "gemini"  # the path _said answers a Gemini request as (its chat_view)
 IDLE_TIMEOUT = 300.0  # longer than clients keep idle connections, so the client closes first
 READ_TIMEOUT = 30.0
 
@@ -223,6 +227,8 @@ class ChaosUpstream:
             return await self._introspect(request, writer)
         if (request.method, request.path) == ("POST", "/token"):  # Vertex's OAuth endpoint
             return await _reply(writer, request, 200, self.tokens.issue())
+        if (door_gemini := gemini.door_of(request)) is not None:
+            return await self._gemini(request, door_gemini, reader, writer)
         try:
             payload = orjson.loads(request.body) if request.body else None
         except orjson.JSONDecodeError:
@@ -310,7 +316,7 @@ class ChaosUpstream:
         legacy = path == "/v1/completions"
         if legacy or ends_in_tool_results(payload):
             prefix = ""
-        elif path == "/v1/messages":  # a trailing assistant message is a prefill
+        elif path in ("/v1/messages", GEMINI):  # a trailing assistant message is a prefill
             prefix = messages.messages_prefix(payload)
         else:
             prefix = assistant_prefix(payload)
@@ -357,6 +363,8 @@ class ChaosUpstream:
         fault = self._counts.take_fault(spec)
         if fault in HTTP2_FAULTS:  # no GOAWAY or RST_STREAM in HTTP/1.1
             fault = HTTP2_FAULTS[fault]
+        if fault in GEMINI_FAULTS:  # a Gemini variant: here, this dialect's own
+            fault = GEMINI_FAULTS[fault]
         if fault == "reset_before":
             await reset(writer, flush=False)
             return False
@@ -524,6 +532,89 @@ class ChaosUpstream:
             return await _stream(request, reader, writer, spec, frames, ending, head)
         events = render.EventFormat(spec.line_ending, spec.comments)
         encoded = messages.encode_events(sent, events)
+        return await _stream(request, reader, writer, spec, encoded, ending)
+
+    async def _gemini(
+        self,
+        request: Request,
+        door: gemini.Door,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """A request by one of Gemini's doors (``gemini.py``): checked as Google would,
+        then answered in Gemini's wire format (``gemini_stream.py``)."""
+        try:
+            payload = orjson.loads(request.body) if request.body else None
+        except orjson.JSONDecodeError:
+            payload = None
+        recorded = self._record(request, payload)
+        if isinstance(payload, dict):  # the model is in the URL: requests_for finds it
+            recorded.body = payload | {"model": door.model}
+        recorded.dialect, recorded.received = door.door, payload
+        self.requests.append(recorded)
+
+        async def refuse(refused: gemini.Refused) -> bool:
+            return await _reply(writer, request, refused.code, refused.body)
+
+        try:
+            if door.door == gemini.VERTEX:
+                self.tokens.check(request)
+            else:
+                gemini.check_auth(request, door)
+            if door.method == gemini.LIST:
+                return await _reply(writer, request, 200, gemini.MODELS)
+            contents = gemini.check_body(door, payload)
+            spec = parse_spec(request.headers.get("x-chaos", door.model))
+        except clouds.Refused as refused:
+            return await _reply(writer, request, refused.status, refused.body)
+        except gemini.Refused as refused:
+            return await refuse(refused)
+        except ValueError as exc:
+            return await refuse(gemini.Refused(400, "INVALID_ARGUMENT", str(exc)))
+        assert isinstance(payload, dict)
+        prompt_tokens = 10 + len(contents)
+        if door.method == gemini.COUNT:
+            return await _reply(writer, request, 200, gemini_stream.count_tokens(prompt_tokens))
+        if gemini.ends_in_model_turn(contents) and gemini.refuses_prefill(door, spec.prefill):
+            return await refuse(gemini.Refused(400, "INVALID_ARGUMENT", gemini.PREFILL_REFUSED))
+        if refusal := gemini.refused_signatures(door.door, contents):
+            return await refuse(gemini.Refused(400, "INVALID_ARGUMENT", refusal))
+        view = gemini.chat_view(contents)
+        if ends_in_tool_results(view):  # it has what it asked for: it answers in text
+            spec = dataclasses.replace(spec, tools=0)
+        recorded.attempt = self._counts.take_attempt(spec)
+        fault = self._counts.take_fault(spec)
+        fault = HTTP2_FAULTS.get(fault, fault) if fault is not None else None
+        if fault == "reset_before":
+            await reset(writer, flush=False)
+            return False
+        if spec.first_byte_ms:
+            await asyncio.sleep(spec.first_byte_ms / 1000)
+        if fault in HTTP_FAULTS:
+            code, body = gemini.http_error(fault, spec.retry_after)
+            headers = [("retry-after", str(spec.retry_after))] if fault == "http_429_retry" else []
+            return await _reply(writer, request, code, body, headers)
+        said = self._said(spec, view, recorded, GEMINI)
+        plan = gemini_stream.gemini_plan(
+            gemini_stream.gemini_script(spec),
+            said.prefix,
+            said.echo,
+            said.deltas,
+            door=door.door,
+            thoughts=gemini.asks_thoughts(payload),
+            model_version=gemini.model_version(door),
+            prompt_tokens=prompt_tokens,
+        )
+        if door.method == gemini.GENERATE:
+            if (failed := gemini_stream.non_streaming(plan, fault)) is not None:
+                return await _reply(writer, request, *failed)
+            return await _reply_json(writer, request, orjson.dumps(plan.response), fault)
+        pieces, ending = gemini_stream.break_gemini(
+            fault if fault in STREAM_FAULTS or fault in GEMINI_FAULTS else None,
+            fault_cut(plan.counts, spec.at, opening=0),
+            plan,
+        )
+        encoded = gemini_stream.encode(pieces, spec)
         return await _stream(request, reader, writer, spec, encoded, ending)
 
 

@@ -45,6 +45,10 @@ STREAM_FAULTS = frozenset(
         "malformed",
     }
 )
+# Faults of one dialect's wire: Gemini's in-band error as a ``data:`` event (its ``error``
+# is a raw JSON object after the events). Every other dialect's in-band error already is
+# an event: there it is that dialect's ``error``.
+GEMINI_FAULTS = {"error_data": "error"}
 # Faults answered with an error status instead of the stream.
 HTTP_FAULTS = {
     "http_400": 400,
@@ -61,7 +65,13 @@ HTTP_FAULTS = {
 # HTTP/2 faults (a GOAWAY, a RST_STREAM, mid-stream), and what HTTP/1.1 plays them as.
 # Not in STREAM_FAULTS: those are what every chaos endpoint does on its own wire.
 HTTP2_FAULTS = {"goaway": "reset", "rst_stream": "reset"}
-FAULTS = STREAM_FAULTS | HTTP_FAULTS.keys() | HTTP2_FAULTS.keys() | {"reset_before"}
+FAULTS = (
+    STREAM_FAULTS
+    | GEMINI_FAULTS.keys()
+    | HTTP_FAULTS.keys()
+    | HTTP2_FAULTS.keys()
+    | {"reset_before"}
+)
 
 
 @dataclass(frozen=True)
