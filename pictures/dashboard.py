@@ -50,7 +50,7 @@ def record() -> tuple[list[Scrape], bool]:
     return scrapes, deployment.redis
 
 
-def _query(expr: str, seconds: float) -> promql_parser.Expr:
+def panel_query(expr: str, seconds: float) -> promql_parser.Expr:
     """A panel's query as Grafana sends it: variables replaced ($instance: All)."""
     expr = expr.replace('=~"$instance"', '=~".*"')
     expr = expr.replace("$__rate_interval", RATE_INTERVAL)
@@ -69,7 +69,7 @@ def panel_series(panel: dict[str, Any], scrapes: list[Scrape]) -> list[Series]:
     seconds = scrapes[-1].at
     found: dict[str, dict[float, float]] = {}
     for target in panel.get("targets", []):
-        expr = _query(target["expr"], seconds)
+        expr = panel_query(target["expr"], seconds)
         for scrape in scrapes:
             for labels, value in evaluator.evaluate(expr, scrape.at).items():
                 name = _legend(target.get("legendFormat", ""), labels) or target["expr"]
