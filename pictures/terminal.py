@@ -44,20 +44,16 @@ class Run:
     colour: str | None
 
 
-def styled_runs(line: str) -> list[Run]:
-    """One line's text split where its ANSI style changes."""
-    runs: list[Run] = []
-    column, bold, dim, colour = 0, False, False, None
-    position = 0
-    for match in [*_SGR.finditer(line), None]:
-        end = match.start() if match else len(line)
-        if text := line[position:end]:
-            runs.append(Run(column, text, bold, dim, colour))
-            column += columns(text)
-        if match is None:
-            break
-        position = match.end()
-        for code in match[1].split(";") if match[1] else ["0"]:
+@dataclass(frozen=True)
+class Style:
+    bold: bool = False
+    dim: bool = False
+    colour: str | None = None
+
+    def after(self, codes: str) -> Style:
+        """The style once an SGR sequence with ``codes`` (e.g. "32;1") is applied."""
+        bold, dim, colour = self.bold, self.dim, self.colour
+        for code in codes.split(";") if codes else ["0"]:
             if code in ("0", ""):
                 bold, dim, colour = False, False, None
             elif code == "1":
@@ -66,7 +62,25 @@ def styled_runs(line: str) -> list[Run]:
                 dim = True
             elif code in COLOURS:
                 colour = COLOURS[code]
-    return runs
+        return Style(bold, dim, colour)
+
+
+def styled_runs(line: str, style: Style | None = None) -> tuple[list[Run], Style]:
+    """One line's text split where its ANSI style changes, starting in ``style`` (a
+    terminal keeps the style across a newline); and the style at its end."""
+    runs: list[Run] = []
+    style = style or Style()
+    column = position = 0
+    for match in [*_SGR.finditer(line), None]:
+        end = match.start() if match else len(line)
+        if text := line[position:end]:
+            runs.append(Run(column, text, style.bold, style.dim, style.colour))
+            column += columns(text)
+        if match is None:
+            break
+        position = match.end()
+        style = style.after(match[1])
+    return runs, style
 
 
 def terminal_svg(output: str, title: str, width_columns: int) -> str:
@@ -91,9 +105,11 @@ def terminal_svg(output: str, title: str, width_columns: int) -> str:
     parts.append(
         f'<g font-family="{FONT}" font-size="{FONT_SIZE}" fill="{FOREGROUND}" xml:space="preserve">'
     )
+    style = Style()
     for number, line in enumerate(lines):
         y = TITLE_BAR + PAD + (number + 1) * LINE - 5
-        for run in styled_runs(line):
+        runs, style = styled_runs(line, style)
+        for run in runs:
             if not run.text.strip():
                 continue
             attributes = [f'x="{PAD + run.column * CELL:.1f}"', f'y="{y}"']

@@ -15,7 +15,7 @@ import pytest
 from pictures.dashboard import DASHBOARD, panel_query
 from pictures.panels import Series, dashboard_svg, formatted
 from pictures.promql import Evaluator, Scrape, Unsupported, histogram_quantile
-from pictures.terminal import styled_runs, terminal_svg
+from pictures.terminal import Style, styled_runs, terminal_svg
 
 ROOT = Path(__file__).resolve().parent.parent
 PICTURES = ROOT / "docs" / "pictures"
@@ -99,12 +99,16 @@ def test_units_as_grafana_writes_them() -> None:
 
 
 def test_terminal_colours_and_wide_characters_keep_their_columns() -> None:
-    runs = styled_runs("\033[2mmodel\033[0m 数据 \033[32;1myes\033[0m")
+    runs, after = styled_runs("\033[2mmodel\033[0m 数据 \033[32;1myes\033[0m")
+    assert after == Style()
     assert [(r.column, r.text, r.dim, r.bold, r.colour is not None) for r in runs] == [
         (0, "model", True, False, False),
         (5, " 数据 ", False, False, False),
         (11, "yes", False, True, True),
     ]
+    # A colour set on one line goes on over the next, as in a terminal.
+    (cyan,), _ = styled_runs("}", styled_runs("\033[36mtext")[1])
+    assert cyan.colour is not None
     ElementTree.fromstring(terminal_svg("\033[1mbold\033[0m & <plain>\n", "t", 40))
 
 
