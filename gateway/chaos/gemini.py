@@ -169,17 +169,6 @@ class Refused(Exception):
         self.body = error_body(code, status, message, details)
 
 
-STATUSES = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    429: "RESOURCE_EXHAUSTED",
-    500: "INTERNAL",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
-}
-
 OVERLOADED = (503, "UNAVAILABLE", "The model is overloaded. Please try again later.")
 INTERNAL = (
     500,

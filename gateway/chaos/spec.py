@@ -21,6 +21,10 @@ answering with these scripts (the tests' h2 upstream, ``tests/net/h2_upstream.py
 after ``at`` deltas, a GOAWAY frame that leaves the stream unprocessed, then the
 connection closes; or a RST_STREAM (INTERNAL_ERROR) of that stream alone. HTTP/1.1
 has neither frame: the chaos upstream plays both as ``reset``.
+
+``fault=error_data`` is Gemini's in-band error as a ``data:`` event, beside ``error``,
+Google's raw JSON object after the events (``gemini_stream.py``); the other dialects,
+whose in-band errors are events already, play it as their ``error``.
 """
 
 from __future__ import annotations

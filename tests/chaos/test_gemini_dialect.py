@@ -761,3 +761,42 @@ def test_a_chat_sessions_next_turn_after_a_function_call(chaos: ChaosUpstream) -
         )
         with pytest.raises(errors.ClientError, match="missing a thought_signature"):
             bare.send_message(result)
+
+
+def test_reset_before_the_response(raw: httpx2.Client) -> None:
+    with pytest.raises(httpx2.TransportError):
+        post(raw, "chaos:fault=reset_before")
+
+
+@pytest.mark.parametrize(
+    "wire", ["lineend=lf", "lineend=cr", "comments=1", "split=3", "pace_ms=1,split=5"]
+)
+def test_wire_variants_carry_the_same_chunks(raw: httpx2.Client, wire: str) -> None:
+    spec = f"chaos:text=6,tools=1,{wire}"
+    read = post(raw, spec)
+    assert read.error is None
+    if wire == "lineend=lf":
+        assert b"\r" not in read.body and read.body.endswith(b"}\n\n")
+    text = read.body.decode().replace("\r\n", "\n").replace("\r", "\n")
+    events = [e for e in text.split("\n\n") if e.strip()]
+    datas = [
+        line.removeprefix("data: ")
+        for e in events
+        for line in e.split("\n")
+        if line.startswith("data: ")
+    ]
+    chunks = [json.loads(data) for data in datas]
+    assert text_of(chunks) == expected_answer(spec).text
+    assert "finishReason" in chunks[-1]["candidates"][0]
+
+
+@pytest.mark.parametrize("variance", ["rechunk=1", "sample=1"])
+def test_variance_between_attempts(chaos: ChaosUpstream, raw: httpx2.Client, variance: str) -> None:
+    spec = f"chaos:text=12,seed=80,{variance},fault=reset,at=4,times=1"
+    delivered = text_of(post(raw, spec).chunks())
+    rest = text_of(post(raw, spec, [USER, model_turn(delivered)]).chunks())
+    first, second = chaos.requests_for(spec)
+    assert (first.attempt, second.attempt) == (0, 1)
+    assert second.prefix == delivered and second.answered_text == rest
+    if variance == "rechunk=1":
+        assert delivered + rest == expected_answer(spec).text
