@@ -179,21 +179,32 @@ class GeminiAdapter(Adapter):
 
 
 def model_parts(sent: GeminiAccumulator, text: str) -> list[dict[str, Any]]:
-    """The model turn of a continuation: the client's thoughts, then ``text`` (the answer
-    so far, as the continuation mode sends it); each signature only to the provider kind
-    that issued it (``sent.origin``: the leg being asked)."""
+    """The model turn of a continuation: the client's thought and text parts as it has
+    them, its text cut to ``text`` (the answer so far as the continuation mode sends it:
+    a prefill without its trailing whitespace). A signature goes only to the provider
+    kind that issued it (``sent.origin``: the leg being asked), and only on a part whose
+    text is still what it signed."""
     parts: list[dict[str, Any]] = []
-    signature = None
     for part, origin in zip(sent.parts, sent.origins, strict=True):
-        own = origin is not None and origin == sent.origin
+        if type(part.get("text")) is not str and part.get("thought") is not True:
+            continue  # a call (none in a continued answer) or another kind of part
+        if SIGNATURE in part and (origin is None or origin != sent.origin):
+            part = {k: v for k, v in part.items() if k != SIGNATURE}
+        parts.append(part)
+    # The answer's text parts, cut from the end to ``text``'s length.
+    excess = sum(len(p.get("text", "")) for p in parts if p.get("thought") is not True)
+    excess -= len(text)
+    for index in range(len(parts) - 1, -1, -1):
+        if excess <= 0:
+            break
+        part = parts[index]
         if part.get("thought") is True:
-            parts.append(part if own else {k: v for k, v in part.items() if k != SIGNATURE})
-        elif "text" in part and own and SIGNATURE in part:
-            signature = part[SIGNATURE]
-    last: dict[str, Any] = {"text": text}
-    if signature is not None:
-        last[SIGNATURE] = signature
-    return [*parts, last]
+            continue
+        kept = part["text"][: max(0, len(part["text"]) - excess)]
+        excess -= len(part["text"]) - len(kept)
+        unsigned = {k: v for k, v in part.items() if k != SIGNATURE}
+        parts[index] = unsigned | {"text": kept}
+    return [p for p in parts if p.get("text") or SIGNATURE in p]
 
 
 GEMINI = GeminiAdapter()

@@ -39,7 +39,8 @@ class GeminiAccumulator(RunAccumulator):
 
     def record(self, part: dict[str, Any], origin: str | None) -> None:
         """A part the client was sent. Text of one kind (answer, thought) goes on the last
-        part while neither carries a signature, as the assembled answer has it."""
+        part, as the assembled answer has it, but a signed part stays as it came: its
+        signature is of that part (and the continuation sends it back so)."""
         text = part.get("text")
         if type(text) is str:
             thought = part.get("thought") is True
@@ -54,12 +55,9 @@ class GeminiAccumulator(RunAccumulator):
                 and (last.get("thought") is True) == thought
                 and SIGNATURE not in last
                 and self.origins[-1] == origin
-                and part.keys() <= {"text", "thought", SIGNATURE}
+                and part.keys() <= {"text", "thought"}
             ):
-                merged = last | {"text": last["text"] + text}
-                if SIGNATURE in part:
-                    merged[SIGNATURE] = part[SIGNATURE]
-                self.parts[-1] = merged
+                self.parts[-1] = last | {"text": last["text"] + text}
                 return
         call = part.get("functionCall")
         if type(call) is dict:

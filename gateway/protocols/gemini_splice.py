@@ -115,6 +115,9 @@ class GeminiSplicer(Legs):
                     if SIGNATURE in part:  # relayed on the part it came on, without text
                         kept.append({"thought": True, SIGNATURE: part[SIGNATURE]})
                     continue
+            elif type(part.get("functionCall")) is dict:
+                part, renamed = self._call(part)
+                changed = changed or renamed
             elif type(text) is str and self.seam is not None:
                 trimmed = self.seam.feed(text)
                 if trimmed != text:
@@ -124,6 +127,21 @@ class GeminiSplicer(Legs):
                     part = part | {"text": trimmed}
             kept.append(part)
         return kept, changed
+
+    def _call(self, part: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """A call as the client gets it: an ``id`` (where the upstream gives one) that no
+        other call of the answer has (a later leg may number its calls anew)."""
+        call = part["functionCall"]
+        call_id = call.get("id")
+        if type(call_id) is not str:
+            return part, False
+        ids = {c.id for c in self.sent.tool_calls} | {
+            p["functionCall"].get("id") for p in self._held if "functionCall" in p
+        }
+        if call_id not in ids:
+            return part, False
+        unique = f"{call_id}_{len(ids)}"
+        return part | {"functionCall": call | {"id": unique}}, True
 
     def _finish(
         self,

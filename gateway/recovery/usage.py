@@ -73,16 +73,18 @@ def estimate_usage(
     else:
         output = measure.output_chars / CHARS_PER_TOKEN
     usage[output_name] = max(usage[output_name], round(output))
-    if "total_tokens" in usage:
-        usage["total_tokens"] = usage[input_name] + usage[output_name]
+    total = next((name for name in counts if "total" in name.lower()), None)
+    if total is not None:  # chat's total_tokens, Gemini's totalTokenCount
+        usage[total] = usage[input_name] + usage[output_name]
     return usage
 
 
 def summed(legs: Sequence[dict[str, Any]], counts: Sequence[str]) -> dict[str, Any]:
     """The usage of several legs as one: every field any leg reported is kept, numbers
     summed, nested objects (token details) merged field by field, whether the gateway
-    knows the field or not (a provider adds counters; an SDK then requires them). A
-    value that is not a number (a service tier) is the first leg's. ``counts`` (the
+    knows the field or not (a provider adds counters; an SDK then requires them); lists
+    of counts by modality (Gemini's) merged by modality. A value that is not a number
+    (a service tier) is the first leg's. ``counts`` (the
     protocol's own totals) are there even where no leg reported them."""
     merged: dict[str, Any] = dict.fromkeys(counts, 0)
     for usage in legs:
@@ -100,8 +102,26 @@ def _add(into: dict[str, Any], usage: dict[str, Any]) -> None:
             if not isinstance(current, dict):
                 current = into[key] = {}
             _add(current, value)
+        elif _by_modality(value) and _by_modality(into.get(key)):
+            into[key] = _merged_by_modality(into[key], value)
         elif key not in into or into[key] is None:
             into[key] = value
+
+
+def _by_modality(value: Any) -> bool:
+    """Gemini's token details: a list of ``{"modality": …, "tokenCount": n}``."""
+    return isinstance(value, list) and all(
+        isinstance(item, dict) and "modality" in item for item in value
+    )
+
+
+def _merged_by_modality(into: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[Any]:
+    """Two legs' details as one: each modality's counts summed, in first-seen order."""
+    merged = {item["modality"]: dict(item) for item in into}
+    for item in more:
+        current = merged.setdefault(item["modality"], {"modality": item["modality"]})
+        _add(current, {k: v for k, v in item.items() if k != "modality"})
+    return list(merged.values())
 
 
 def _is_number(value: Any) -> bool:

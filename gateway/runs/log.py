@@ -123,7 +123,7 @@ class RunLog:
 
     def ping(self) -> None:
         """Nothing new for a while: followers without event ids send a keepalive (a
-        comment, or the protocol's ping event)."""
+        comment, or the protocol's ping event; a Gemini stream gets none)."""
         self._wake(idle=True)
 
     def _wake(self, *, idle: bool = False) -> None:
@@ -163,7 +163,7 @@ class RunLog:
                 else:
                     waiter = loop.create_future()
                     self._waiters.append(waiter)
-                    if await waiter and not ids:
+                    if await waiter and not ids and self.keepalive:
                         yield self.keepalive
         finally:
             self._readers.discard(reader)

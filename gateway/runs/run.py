@@ -99,8 +99,12 @@ async def _drain(rest: AsyncIterator[bytes]) -> None:
 def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
     """Reasoning models think silently for long stretches: their idle timeout doubles
     until they answer (``Run._relay``). So do requests that ask for it:
-    ``reasoning_effort`` (chat), ``reasoning`` (Responses), ``thinking`` on (Messages)."""
+    ``reasoning_effort`` (chat), ``reasoning`` (Responses), ``thinking`` on (Messages),
+    a ``thinkingConfig`` (Gemini)."""
     if body.get("reasoning_effort") is not None or body.get("reasoning") is not None:
+        return True
+    config = body.get("generationConfig")
+    if isinstance(config, dict) and isinstance(config.get("thinkingConfig"), dict):
         return True
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
