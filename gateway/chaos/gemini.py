@@ -18,20 +18,22 @@ gives one. A chaos spec answers as ``modelVersion`` ``gemini-2.5-flash``; a real
 (with ``x-chaos``) as itself.
 
 Continuation: a trailing ``model`` turn is a prefill, answered from where its text
-parts end; Gemini 3 refuses it (``PREFILL_REFUSED``, a 400) and so does a model named
-``gemini-3…`` or a spec with ``prefill=0``. Prompt mode (a ``model`` turn, then a
-``user`` turn asking to continue, with or without an anchor) is read as chat's, from
-``chat_view``. A conversation that ends with ``functionResponse`` parts is a new turn,
-answered in text.
+parts end; refused as Gemini 3 refuses it (``PREFILL_REFUSED``, a 400) by a model named
+``gemini-3…`` (the spec in ``x-chaos``) or a spec with ``prefill=0``. Prompt mode (a
+``model`` turn, then a ``user`` turn asking to continue, with or without an anchor) is
+read as chat's, from ``chat_view``. A conversation that ends with ``functionResponse``
+parts is a new turn, answered in text.
 
 Thought signatures (``thought_signature``) are base64 of a nonce and an HMAC, with a
 secret per door, over the part they ride on (a ``functionCall``'s name and args, or a
 text part's text): new per response, verifiable without state, never valid on the other
-door. Every request is checked as Gemini 3 checks it (``refused_signatures``): a
-signature anywhere must be valid for its part here ("Corrupted thought signature."),
-and in the current turn (after the last ``user`` content that is not tool results)
-the first ``functionCall`` of each ``model`` step (consecutive ``model`` contents) must
-carry one. ``SKIP_SIGNATURE`` (Google's documented dummy) passes both checks.
+door. Every request, whatever the model, is checked as Gemini 3 checks it
+(``refused_signatures``): a signature anywhere must be valid for its part here
+("Corrupted thought signature."), and in the current turn (after the last ``user``
+content that is not tool results) the first ``functionCall`` of each ``model`` step
+(consecutive ``model`` contents, one response) must carry one (``MISSING``); the calls
+after it in a step carry none, as Gemini sends parallel calls. ``SKIP_SIGNATURE``
+(Google's documented dummy) passes both checks.
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ def gemini_plan(
 
     As ``chat_plan``: the thoughts come again on a continuation, the text resumes
     mid-delta if the prefix ended there (after ``echo``), tool calls come whole.
-    ``deltas`` (``attempt_deltas``), when given, are the text after the prefix.
+    ``deltas`` (``attempt_deltas``), when given, are the text after the prefix. The
+    signatures are ``door``'s; ``thoughts``: the request asked ``includeThoughts``.
     """
     script = answer.script
     identity = response_id() if identity is None else identity

@@ -18,8 +18,8 @@ say it in Gemini's chunks (``gemini.py``, ``gemini_stream.py``), errors in Googl
 
 Past 450 lines on purpose: ``ChaosUpstream`` is the one place that turns a request
 into its answer and its fault, for every door; what a door says is in its dialect
-module (``responses.py``, ``messages.py``, ``clouds.py``, ``gemini.py``), what the answer is in
-``answer.py``, how a fault acts in ``faults.py``.
+module (``responses.py``, ``messages.py``, ``clouds.py``, ``gemini.py``), what the
+answer is in ``answer.py``, how a fault acts in ``faults.py``.
 """
 
 from __future__ import annotations
