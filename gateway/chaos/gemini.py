@@ -59,7 +59,7 @@ DOORS = (DEVELOPER, VERTEX)
 GENERATE = "generateContent"
 STREAM = "streamGenerateContent"
 COUNT = "countTokens"
-LIST = "models"  # GET /{version}/models
+LIST = "models"  # GET /{version}/models, or /{version}/models/{model} (Door.model)
 
 MODEL_VERSION = "gemini-2.5-flash"  # what a chaos spec answers as
 INVALID_KEY = "chaos-invalid-gemini-key"  # the one key the Developer door refuses
@@ -84,24 +84,21 @@ _VERTEX_PATH = re.compile(
     rf"^/(v1|v1beta1)/projects/([^/]+)/locations/([^/]+)/publishers/google/models/(.+)"
     rf":{_METHODS}$"
 )
-_LIST_PATH = re.compile(r"^/(v1|v1beta|v1alpha)/models$")
+_LIST_PATH = re.compile(r"^/(v1|v1beta|v1alpha)/models(?:/([^/:]+))?$")
 
-MODELS = orjson.dumps(
+_MODELS = [
     {
-        "models": [
-            {
-                "name": f"models/{name}",
-                "version": "001",
-                "displayName": name,
-                "inputTokenLimit": 1048576,
-                "outputTokenLimit": 65536,
-                "supportedGenerationMethods": [GENERATE, COUNT, STREAM],
-                "thinking": True,
-            }
-            for name in (MODEL_VERSION, "gemini-2.5-pro", "gemini-3-pro-preview")
-        ]
+        "name": f"models/{name}",
+        "version": "001",
+        "displayName": name,
+        "inputTokenLimit": 1048576,
+        "outputTokenLimit": 65536,
+        "supportedGenerationMethods": [GENERATE, COUNT, STREAM],
+        "thinking": True,
     }
-)
+    for name in (MODEL_VERSION, "gemini-2.5-pro", "gemini-3-pro-preview")
+]
+MODELS = orjson.dumps({"models": _MODELS})
 
 
 @dataclass(frozen=True)
@@ -116,8 +113,8 @@ class Door:
 
 
 def door_of(request: Request) -> Door | None:
-    """The Gemini door ``request`` came by, or None. ``GET /v1/models`` is Gemini's only
-    with a Gemini key (else it is OpenAI's list)."""
+    """The Gemini door ``request`` came by, or None. ``GET /v1/models[/{model}]`` is
+    Gemini's only with a Gemini key (else OpenAI's)."""
     path = request.path
     if request.method == "POST":
         if found := _DEVELOPER_PATH.match(path):
@@ -127,14 +124,26 @@ def door_of(request: Request) -> Door | None:
             version, _, _, model, method = found.groups()
             return Door(VERTEX, method, unquote(model), version)
     elif request.method == "GET" and (found := _LIST_PATH.match(path)):
-        if found.group(1) != "v1" or api_key(request) is not None:
-            return Door(DEVELOPER, LIST, "", found.group(1))
+        version, model = found.groups()
+        if version != "v1" or api_key(request) is not None:
+            return Door(DEVELOPER, LIST, unquote(model or ""), version)
     return None
 
 
 def model_version(door: Door) -> str:
     """The ``modelVersion`` an answer says: the URL's model, unless that is a chaos spec."""
     return MODEL_VERSION if door.model.startswith("chaos") else door.model
+
+
+def models(door: Door) -> bytes:
+    """``GET …/models`` (the list), or ``GET …/models/{model}``: one, or ``Refused`` 404."""
+    if not door.model:
+        return MODELS
+    for model in _MODELS:
+        if model["name"] == f"models/{door.model}":
+            return orjson.dumps(model)
+    message = f"models/{door.model} is not found for API version {door.version}"
+    raise Refused(404, "NOT_FOUND", message)
 
 
 def api_key(request: Request) -> str | None:

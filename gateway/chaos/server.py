@@ -562,7 +562,7 @@ class ChaosUpstream:
             else:
                 gemini.check_auth(request, door)
             if door.method == gemini.LIST:
-                return await _reply(writer, request, 200, gemini.MODELS)
+                return await _reply(writer, request, 200, gemini.models(door))
             contents = gemini.check_body(door, payload)
             spec = parse_spec(request.headers.get("x-chaos", door.model))
         except clouds.Refused as refused:

@@ -288,6 +288,9 @@ def test_generate_content_merges_the_parts(chaos: ChaosUpstream, door: str) -> N
 def test_count_tokens_and_models(sdk: genai.Client, raw: httpx2.Client) -> None:
     assert sdk.models.count_tokens(model="chaos", contents="x").total_tokens == 11
     assert [m.name for m in sdk.models.list()][:1] == ["models/gemini-2.5-flash"]
+    assert sdk.models.get(model="gemini-3-pro-preview").name == "models/gemini-3-pro-preview"
+    with pytest.raises(errors.ClientError, match="NOT_FOUND"):
+        sdk.models.get(model="gemini-0")
     # GET /v1/models is Gemini's only with a Gemini key; else the OpenAI list.
     assert "models" in raw.get("/v1/models", params={"key": KEY}).json()
     assert "data" in raw.get("/v1/models").json()
