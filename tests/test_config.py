@@ -223,11 +223,37 @@ def test_the_providers_page_config_is_valid() -> None:
         ({"kind": "bedrock", "region": "r", "protocols": ["chat"]}, "messages] only"),
         ({"kind": "bedrock", "region": "r", "aws_access_key_id": "A"}, "go together"),
         ({"kind": "openai", "base_url": "https://x", "aws_profile": "p"}, "for kind bedrock"),
+        ({"kind": "vertex", "region": "r", "project": "p", "protocols": ["chat"]}, "gemini only"),
+        ({"kind": "gemini", "protocols": ["chat"]}, "gemini] only"),
+        ({"kind": "openai", "base_url": "https://x", "protocols": ["gemini"]}, "kinds gemini and"),
     ],
 )
 def test_cloud_kinds_say_what_they_need(upstream: dict[str, object], problem: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(problem)):
         parse_config({"upstreams": [{"name": "u"} | upstream]})
+
+
+def test_a_gemini_upstream_needs_only_its_kind() -> None:
+    config = parse_config(
+        {
+            "upstreams": [
+                {"name": "g", "kind": "gemini"},
+                {"name": "own", "kind": "gemini", "base_url": "https://gemini.internal"},
+                {
+                    "name": "v",
+                    "kind": "vertex",
+                    "region": "r",
+                    "project": "p",
+                    "protocols": ["gemini", "messages"],
+                },
+            ]
+        }
+    )
+    default, own, vertex = config.upstreams
+    assert default.api_root == "https://generativelanguage.googleapis.com/v1beta"
+    assert default.protocols == ["gemini"] and default.continuation == "prefill"
+    assert own.api_root == "https://gemini.internal/v1beta"  # the SDKs' version, when none
+    assert vertex.protocols == ["gemini", "messages"]
 
 
 def test_a_global_vertex_region_has_the_global_endpoint() -> None:
