@@ -1,11 +1,15 @@
-"""Codex CLI and Claude Code through the gateway: ``scripts/agent-cli-check/check.py``.
+"""Codex CLI, Claude Code and Gemini CLI through the gateway:
+``scripts/agent-cli-check/check.py``.
 
 The check installs the pinned CLIs (``npm ci``, cached by lockfile), starts the chaos
-upstream and a gateway, and runs each CLI with its own retries off through a reset, an
-in-band error, a stall, a break inside reasoning and a cut tool call: each run must
-end as the fault-free one does (same reasoning, messages and tool call, no extra
-request from the agent), and its next turn, which sends the first turn's items back to
-an upstream that checks them as the providers do, must be answered.
+upstream and a gateway, and runs each CLI (Codex's and Claude Code's own retries off,
+Gemini CLI's as shipped) through a reset, an in-band error, a stall, a break inside
+reasoning and a cut tool call (Gemini CLI also through a close, an in-band error as a
+``data:`` event and a stream without ``finishReason``): each run must end as the
+fault-free one does (same reasoning, messages and tool call, printed once, no extra
+request from the agent; a stall over within the gateway's idle timeout), and its next
+turn, which sends the first turn's items back to an upstream that checks them as the
+providers do, must be answered.
 
 Needs ``node`` and ``npm`` on PATH; skipped otherwise.
 """
@@ -22,22 +26,24 @@ import pytest
 
 CHECK = Path(__file__).resolve().parent.parent / "scripts" / "agent-cli-check" / "check.py"
 # Codex over HTTP (a custom provider), over a WebSocket (a custom provider with
-# supports_websockets, and its built-in provider with openai_base_url), Claude Code.
-AGENTS = ("codex", "codex-ws", "codex-builtin", "claude")
+# supports_websockets, and its built-in provider with openai_base_url), Claude Code,
+# Gemini CLI.
+AGENTS = ("codex", "codex-ws", "codex-builtin", "claude", "gemini")
 SOCKETS = ("codex-ws", "codex-builtin")
 # Fault-free, then each fault and its next turn; Claude Code also through Anthropic
 # overloaded mid-answer, finished on Bedrock.
 SCENARIOS = {"codex": 1 + 2 * 5, "codex-ws": 1 + 2 * 5, "codex-builtin": 1 + 2 * 5}
 SCENARIOS["claude"] = 1 + 2 * 6
+SCENARIOS["gemini"] = 1 + 2 * 8
 
 pytestmark = pytest.mark.skipif(
     shutil.which("node") is None or shutil.which("npm") is None,
-    reason="needs node and npm on PATH (to install and run Codex CLI and Claude Code)",
+    reason="needs node and npm on PATH (to install and run the agent CLIs)",
 )
 
 
 @pytest.mark.timeout(900)
-def test_codex_and_claude_code_get_the_fault_free_answer_and_their_next_turn_is_accepted() -> None:
+def test_agent_clis_get_the_fault_free_answer_and_their_next_turn_is_accepted() -> None:
     done = subprocess.run(
         [sys.executable, str(CHECK)], capture_output=True, text=True, timeout=840, check=False
     )

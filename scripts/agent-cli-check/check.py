@@ -1,4 +1,4 @@
-"""Codex CLI and Claude Code through the gateway, in front of the chaos upstream.
+"""Codex CLI, Claude Code and Gemini CLI through the gateway, in front of the chaos upstream.
 
 Codex three ways: a custom provider over HTTP (``codex``), a custom provider with
 ``supports_websockets = true`` (``codex-ws``), and its built-in OpenAI provider pointed
@@ -6,20 +6,24 @@ at the gateway with ``openai_base_url`` (``codex-builtin``), which always speaks
 Responses API over a WebSocket; both socket runs must also show no handshake retry
 ("Reconnecting") and no fallback to HTTP.
 
-Installs the pinned ``@openai/codex`` and ``@anthropic-ai/claude-code`` (package.json,
-package-lock.json) into a scratch prefix, starts the chaos upstream and a gateway,
-and runs ``codex exec`` (its own stream retries off) and ``claude -p`` (its
-non-streaming fallback off) with a scratch ``HOME``: first fault-free, then through
-each fault of ``FAULTS``, comparing what the agent ended with (its reasoning, its
-messages, the tool call it ran) with the fault-free run's, and that it made no more
-requests than the fault-free run did (no retry of its own); then a second turn
-(``codex exec resume --last``, ``claude -p --continue``), which sends the first
-turn's items back to the upstream, which checks them as the providers do (encrypted
-reasoning, signed thinking: ``gateway/chaos/__init__.py``).
+Installs the pinned ``@openai/codex``, ``@anthropic-ai/claude-code`` and
+``@google/gemini-cli`` (package.json, package-lock.json) into a scratch prefix, starts
+the chaos upstream and a gateway, and runs ``codex exec`` (its own stream retries off),
+``claude -p`` (its non-streaming fallback off) and ``gemini -p`` (its own retries as
+shipped: up to 4 attempts of a turn) with a scratch ``HOME``: first fault-free, then
+through each fault of ``FAULTS`` (Gemini CLI: ``GEMINI_FAULTS``), comparing what the
+agent ended with (its reasoning, its messages, the tool call it ran) with the
+fault-free run's, and that it made no more requests than the fault-free run did (no
+retry of its own); then a second turn (``codex exec resume --last``, ``claude -p
+--continue``, ``gemini --resume latest``), which sends the first turn's items back to
+the upstream, which checks them as the providers do (encrypted reasoning, signed
+thinking, thought signatures: ``gateway/chaos/__init__.py``, ``gateway/chaos/gemini.py``).
+A stall must be over within the gateway's idle timeout: its run may take no longer
+than the fault-free one plus ``IDLE`` and ``STALL_SLACK``.
 
 Prints one JSON line per run and exits 1 if any differs or fails. Usage::
 
-    .venv/bin/python scripts/agent-cli-check/check.py [--prefix DIR] [--only codex|claude]
+    .venv/bin/python scripts/agent-cli-check/check.py [--prefix DIR] [--only AGENT]
 
 ``--prefix``: where the CLIs are installed (default: a cache directory named after
 the lockfile's hash, reused by later runs); ``npm`` and ``node`` must be on PATH.
@@ -61,7 +65,21 @@ FAULTS = {
     "break inside reasoning": "fault=reset,at=3",
     "cut tool call": "fault=reset,at=48",
 }
-SEEDS = {"codex": 81, "claude": 82, "codex-ws": 83, "codex-builtin": 84}
+# Gemini's stream has a chunk per delta: thoughts (6, as the CLI asks includeThoughts),
+# text (40), then the tool call whole in one chunk (no argument deltas): ``at=46`` cuts
+# just before it. Gemini's in-band error comes two ways: Google's raw error object
+# after the events (``error``), or a ``data:`` event (``error_data``).
+GEMINI_FAULTS = {
+    "reset mid-text": "fault=reset,at=20",
+    "in-band error mid-text": "fault=error,at=25",
+    "in-band error event mid-text": "fault=error_data,at=25",
+    "stall mid-text": "fault=stall,at=15,stall_s=60",
+    "close mid-text": "fault=close,at=30",
+    "no finishReason mid-text": "fault=no_finish,at=35",
+    "break inside reasoning": "fault=reset,at=3",
+    "cut before the tool call": "fault=reset,at=46",
+}
+SEEDS = {"codex": 81, "claude": 82, "codex-ws": 83, "codex-builtin": 84, "gemini": 85}
 CODEX = ("codex", "codex-ws", "codex-builtin")
 # Codex's own words when a WebSocket handshake fails, or it gives the socket up.
 SOCKET_TROUBLE = ("Reconnecting", "Falling back")
@@ -73,6 +91,18 @@ SOCKET_TROUBLE = ("Reconnecting", "Falling back")
 OVERLOADED = "fault=error,at=30,times=1"
 SECOND_TURN = "And then?"
 RUN_TIMEOUT = 120.0
+IDLE = 2.0  # the gateway's idle timeout on every upstream: a stall is over after it
+STALL_SLACK = 2.5  # what a stalled run may take beyond the fault-free one and IDLE
+AGENTS = (*CODEX, "claude", "gemini")
+SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's documented dummy
+# Gemini CLI's settings: an API key (else 0.61 picks its ``gateway`` auth type from the
+# environment and its headless mode exits 41), nothing sent to Google, no update check.
+GEMINI_SETTINGS = {
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+}
 
 
 def free_port() -> int:
@@ -129,6 +159,7 @@ class Turn:
     final: str
     requests: int  # to the gateway
     detail: str = ""
+    wall: float = 0.0  # seconds, the CLI's start to its exit
 
 
 def codex_transcript(stdout: str) -> tuple[list[Any], str]:
@@ -164,8 +195,40 @@ def claude_transcript(stdout: str) -> tuple[list[Any], str]:
     return items, final
 
 
+def gemini_transcript(stdout: str) -> tuple[list[Any], str]:
+    """Gemini CLI's ``stream-json``: its text deltas joined into a message until a tool
+    call or the end (it prints no thoughts), each tool call and its result's status."""
+    items: list[Any] = []
+    text: list[str] = []
+    final = ""
+
+    def said() -> None:
+        if text:
+            items.append(["text", "".join(text)])
+            text.clear()
+
+    for line in stdout.splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        kind = event.get("type")
+        if kind == "message" and event.get("role") == "assistant":
+            text.append(event.get("content") or "")
+        elif kind == "tool_use":
+            said()
+            items.append(["tool_use", event.get("tool_name"), event.get("parameters")])
+        elif kind == "tool_result":
+            items.append(["tool_result", event.get("status")])
+        elif kind == "result":
+            said()
+            if event.get("status") == "success" and items and items[-1][0] == "text":
+                final = items[-1][1]
+        elif kind == "error":
+            items.append(["error", event.get("message")])
+    said()
+    return items, final
+
+
 class Agents:
-    """The two CLIs, each with its scratch HOME, pointed at the gateway."""
+    """The CLIs, each with its scratch HOME, pointed at the gateway."""
 
     def __init__(self, bin_dir: Path, gateway: str, home: Path) -> None:
         self.bin = bin_dir
@@ -196,6 +259,8 @@ class Agents:
             codex_home = self.codex_home(name)
             codex_home.mkdir()
             (codex_home / "config.toml").write_text(config)
+        (home / ".gemini").mkdir()
+        (home / ".gemini" / "settings.json").write_text(json.dumps(GEMINI_SETTINGS))
 
     def codex_home(self, variant: str) -> Path:
         return self.home / ("." + variant)
@@ -237,6 +302,19 @@ class Agents:
         )
         return self._run(command, env)
 
+    def gemini(self, model: str, *, resume: bool = False) -> tuple[int, str, str]:
+        command = [str(self.bin / "gemini"), "--output-format", "stream-json", "-m", model]
+        if resume:
+            command += ["--resume", "latest"]
+        command += ["-p", SECOND_TURN if resume else "Tell me, and use your tool."]
+        env = self.env(
+            GOOGLE_GEMINI_BASE_URL=self.gateway,
+            GEMINI_API_KEY="k",
+            GEMINI_CLI_TRUST_WORKSPACE="true",
+            GEMINI_TELEMETRY_ENABLED="false",
+        )
+        return self._run(command, env)
+
     def _run(self, command: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         try:
             done = subprocess.run(
@@ -257,7 +335,7 @@ class Agents:
 
 
 def gateway_config(chaos: int) -> str:
-    timeouts = "{connect: 2, first_byte: 10, idle: 2}"
+    timeouts = f"{{connect: 2, first_byte: 10, idle: {IDLE}}}"
     retry = "{backoff_initial: 0.05, backoff_max: 0.2, idle_retry_delay: 0.05}"
     [(key_id, secret)] = BEDROCK_CREDENTIALS.items()
     answer = f"chaos:{ANSWER},seed={SEEDS['claude']}"
@@ -277,6 +355,10 @@ upstreams:
     aws_access_key_id: {key_id}
     aws_secret_access_key: {secret}
     timeouts: {timeouts}
+  - name: chaos-gemini
+    kind: gemini
+    base_url: http://127.0.0.1:{chaos}/v1beta
+    timeouts: {timeouts}
 routes:
   - match: "{answer},{OVERLOADED}"
     upstream: chaos-anthropic
@@ -284,6 +366,7 @@ routes:
     fallbacks: [{{upstream: chaos-bedrock, model: "{answer}"}}]
   - {{match: "*", upstream: chaos, retry: {retry}}}
   - {{match: "*", upstream: chaos-anthropic, retry: {retry}}}
+  - {{match: "*", upstream: chaos-gemini, retry: {retry}}}
 """
 
 
@@ -364,24 +447,32 @@ def turn(
     model: str,
     *,
     resume: bool = False,
+    watch: tuple[str, ...] = SOCKET_TROUBLE,
 ) -> Turn:
     before = client_requests(servers.gateway)
+    start = time.monotonic()
     code, stdout, stderr = run(model, resume=resume)
+    wall = time.monotonic() - start
     requests = client_requests(servers.gateway) - before
     items, final = transcript(stdout)
     detail = "" if code == 0 else (stderr.strip().splitlines() or [f"exit {code}"])[-1]
-    trouble = [line for line in stderr.splitlines() if any(t in line for t in SOCKET_TROUBLE)]
+    trouble = [line for line in stderr.splitlines() if any(t in line for t in watch)]
     if trouble:  # a socket the gateway refused or dropped: Codex retried or went to HTTP
         detail = trouble[0]
-    return Turn(code == 0 and bool(final) and not trouble, items, final, requests, detail[:300])
+    ok = code == 0 and bool(final) and not trouble
+    return Turn(ok, items, final, requests, detail[:300], round(wall, 2))
 
 
 def sent_back(agent: str, request: dict[str, Any]) -> int:
     """The items of the first turn's two responses a request sends back to the upstream:
     Codex's reasoning items, each with its encrypted_content; Claude Code's assistant
     messages (it keeps their text and tool uses, and drops thinking blocks from its
-    history; any it sent would need their signature, which the upstream checks)."""
+    history; any it sent would need their signature, which the upstream checks);
+    Gemini CLI's ``model`` contents (it keeps text and function calls; a resumed
+    session's calls carry Google's dummy signature, see ``relayed_signature``)."""
     body = request["body"]
+    if agent == "gemini":
+        return sum(1 for content in body.get("contents", []) if content.get("role") == "model")
     if agent in CODEX:
         return sum(
             1
@@ -391,26 +482,54 @@ def sent_back(agent: str, request: dict[str, Any]) -> int:
     return sum(1 for message in body.get("messages", []) if message.get("role") == "assistant")
 
 
+def relayed_signature(requests: list[dict[str, Any]]) -> bool:
+    """Whether Gemini CLI sent the tool call back with the signature it came with: the
+    upstream checks any signature (a corrupted one is refused), but Gemini CLI puts
+    Google's dummy on a call of the current turn that came without one, which the
+    upstream takes too. So the request with the tool's result must carry a real one."""
+    for request in requests:
+        contents = request["body"].get("contents", [])
+        parts = [part for content in contents for part in content.get("parts", [])]
+        if parts and "functionResponse" in parts[-1]:
+            signatures = [part.get("thoughtSignature") for part in parts if "functionCall" in part]
+            return any(signature not in (None, SKIP_SIGNATURE) for signature in signatures)
+    return False
+
+
 def check(agent: str, agents: Agents, servers: Servers) -> bool:
+    run: Callable[..., tuple[int, str, str]]
+    transcript: Callable[[str], tuple[list[Any], str]]
     if agent in CODEX:
-        run: Callable[..., tuple[int, str, str]] = functools.partial(agents.codex, variant=agent)
+        run, transcript = functools.partial(agents.codex, variant=agent), codex_transcript
+    elif agent == "gemini":
+        run, transcript = agents.gemini, gemini_transcript
     else:
-        run = agents.claude
-    transcript = codex_transcript if agent in CODEX else claude_transcript
+        run, transcript = agents.claude, claude_transcript
+    # Gemini CLI says "Falling back to GrepTool" (no ripgrep here): not a socket's trouble.
+    run_turn = functools.partial(turn, watch=() if agent == "gemini" else SOCKET_TROUBLE)
     answer = f"chaos:{ANSWER},seed={SEEDS[agent]}"
-    clean = turn(servers, run, transcript, answer)
+    clean = run_turn(servers, run, transcript, answer)
+    if agent == "gemini" and not relayed_signature(servers.upstream_requests(answer)):
+        clean.ok, clean.detail = False, "the tool call went back without its signature"
     report(agent, "fault-free", clean.ok, clean, len(servers.upstream_requests(answer)))
     passed = clean.ok
-    faults = {name: f"{fault},times=1" for name, fault in FAULTS.items()}
+    faults = {
+        name: f"{fault},times=1"
+        for name, fault in (GEMINI_FAULTS if agent == "gemini" else FAULTS).items()
+    }
     if agent == "claude":
         faults["overloaded mid-text, finished on Bedrock"] = OVERLOADED
     for number, (name, fault) in enumerate(faults.items()):
         model = f"{answer},{fault}"
         bedrock = len(servers.bedrock_requests())
-        first = turn(servers, run, transcript, model)
+        first = run_turn(servers, run, transcript, model)
         # Whole: the same reasoning, messages and tool call as without the fault, and no
         # request more from the agent (no retry of its own: the gateway recovered).
         same = first.transcript == clean.transcript and first.requests == clean.requests
+        if agent == "gemini" and not relayed_signature(servers.upstream_requests(model)):
+            same, first.detail = False, "the tool call went back without its signature"
+        if "stall" in name:  # over within the gateway's idle timeout, not the CLI's
+            same = same and first.wall <= clean.wall + IDLE + STALL_SLACK
         # Its upstream requests, and any continuation on Bedrock (which asks for the
         # answer by its model id there, without the fault).
         upstream = len(servers.upstream_requests(model))
@@ -418,7 +537,7 @@ def check(agent: str, agents: Agents, servers: Servers) -> bool:
         report(agent, name, first.ok and same, first, upstream)
         # The next turn sends this turn's items back, and the upstream must accept them.
         again = f"chaos:text=8,seed={SEEDS[agent] * 100 + number}"
-        second = turn(servers, run, transcript, again, resume=True)
+        second = run_turn(servers, run, transcript, again, resume=True)
         [request] = servers.upstream_requests(again) or [{"body": {}}]
         accepted = second.final.strip() == expected_answer(again).text.strip()
         returned = sent_back(agent, request) >= 2  # both of the first turn's responses
@@ -434,6 +553,7 @@ def report(agent: str, scenario: str, ok: bool, result: Turn, upstream: int) -> 
         "ok": ok,
         "agent_requests": result.requests,
         "upstream_requests": upstream,
+        "wall_s": result.wall,
     }
     if not ok:
         line |= {"final": result.final[:200], "detail": result.detail}
@@ -443,13 +563,13 @@ def report(agent: str, scenario: str, ok: bool, result: Turn, upstream: int) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefix", type=Path, help="where to install the CLIs")
-    parser.add_argument("--only", choices=[*CODEX, "claude"])
+    parser.add_argument("--only", choices=AGENTS)
     args = parser.parse_args()
     bin_dir = install(args.prefix)
     with tempfile.TemporaryDirectory(prefix="agent-cli-check-") as scratch:
         with servers(Path(scratch)) as running:
             agents = Agents(bin_dir, running.gateway, Path(scratch) / "home")
-            names = [args.only] if args.only else [*CODEX, "claude"]
+            names = [args.only] if args.only else list(AGENTS)
             results = [check(name, agents, running) for name in names]
     return 0 if all(results) else 1
 
