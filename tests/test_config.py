@@ -76,7 +76,7 @@ def test_embedded_defaults_read_gateway_variables_only() -> None:
         {"GATEWAY_UPSTREAM_BASE_URL": "http://vllm:8000/v1", "GATEWAY_UPSTREAM_API_KEY": "k"}
     )
     assert config.upstreams[0].base_url == "http://vllm:8000/v1"
-    assert [r.upstream for r in config.effective_routes] == ["anthropic", "default"]
+    assert [r.upstream for r in config.effective_routes] == ["anthropic", "gemini", "default"]
 
 
 def test_embedded_defaults_send_messages_to_anthropic_and_the_rest_to_the_default() -> None:
@@ -89,6 +89,18 @@ def test_embedded_defaults_send_messages_to_anthropic_and_the_rest_to_the_defaul
     anthropic = config.upstream("anthropic")
     assert anthropic.api_root == "https://api.anthropic.com/v1"
     assert anthropic.api_key is not None and anthropic.api_key.get_secret_value() == "sk-ant-k"
+
+
+def test_embedded_defaults_send_gemini_to_google() -> None:
+    config = default_config({"GATEWAY_GEMINI_API_KEY": "AIza-k", "GEMINI_API_KEY": "client-side"})
+    router = Router(config)
+    assert router.resolve("gemini-2.5-pro", "gemini").legs[0].upstream.name == "gemini"
+    assert router.resolve("gemini-2.5-pro", "chat").legs[0].upstream.name == "default"
+    gemini = config.upstream("gemini")
+    assert gemini.api_root == "https://generativelanguage.googleapis.com/v1beta"
+    assert gemini.api_key is not None and gemini.api_key.get_secret_value() == "AIza-k"
+    url = default_config({"GATEWAY_GEMINI_BASE_URL": "http://g:9/v1beta"}).upstream("gemini")
+    assert url.api_root == "http://g:9/v1beta" and url.api_key is None
 
 
 def test_describe_masks_every_secret() -> None:
@@ -197,7 +209,12 @@ def test_an_anthropic_upstreams_defaults_give_way_to_what_is_configured() -> Non
 def test_the_providers_page_config_is_valid() -> None:
     page = (Path(__file__).parent.parent / "docs" / "providers.md").read_text()
     block = page.split("```yaml\n", 1)[1].split("```", 1)[0]
-    env = {"ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "o", "AZURE_OPENAI_API_KEY": "z"}
+    env = {
+        "ANTHROPIC_API_KEY": "a",
+        "OPENAI_API_KEY": "o",
+        "AZURE_OPENAI_API_KEY": "z",
+        "GEMINI_API_KEY": "g",
+    }
     config = parse_config(interpolate_env(yaml.safe_load(block), env))
     kinds = {u.name: u.kind for u in config.upstreams}
     assert kinds == {
@@ -206,7 +223,9 @@ def test_the_providers_page_config_is_valid() -> None:
         "vertex": "vertex",
         "openai": "openai",
         "azure": "azure",
+        "gemini": "gemini",
     }
+    assert config.upstream("vertex").protocols == ["messages", "gemini"]
     bedrock = config.upstream("bedrock")
     assert bedrock.base_url == "https://bedrock-runtime.us-east-1.amazonaws.com"
     assert bedrock.protocols == ["messages"] and bedrock.continuation == "prefill"

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from gateway.config.schema import (
     DEFAULT_ANTHROPIC_URL,
+    DEFAULT_GEMINI_URL,
     DEFAULT_UPSTREAM_URL,
     ENV_PREFIX,
     ConfigError,
@@ -93,9 +94,12 @@ def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
     (unset: the client's own key is passed through), ``GATEWAY_KEYS`` (comma-separated
     gateway keys clients must present; unset: none), ``GATEWAY_REDIS_URL``. Messages
     API requests go to an anthropic upstream: ``GATEWAY_ANTHROPIC_BASE_URL`` (default:
-    Anthropic's) and ``GATEWAY_ANTHROPIC_API_KEY`` (unset: the client's own x-api-key).
-    The client-side ``OPENAI_*`` and ``ANTHROPIC_*`` variables are deliberately not
-    read: clients set ``OPENAI_BASE_URL`` (``ANTHROPIC_BASE_URL``) to the gateway itself.
+    Anthropic's) and ``GATEWAY_ANTHROPIC_API_KEY`` (unset: the client's own x-api-key);
+    Gemini API requests to a gemini upstream: ``GATEWAY_GEMINI_BASE_URL`` (default:
+    Google's Gemini Developer API) and ``GATEWAY_GEMINI_API_KEY`` (unset: the client's
+    own x-goog-api-key). The client-side ``OPENAI_*``, ``ANTHROPIC_*`` and ``GEMINI_*``
+    variables are deliberately not read: clients set ``OPENAI_BASE_URL``
+    (``ANTHROPIC_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``) to the gateway itself.
     """
     env = os.environ if env is None else env
     upstream: dict[str, Any] = {
@@ -111,10 +115,21 @@ def default_config(env: Mapping[str, str] | None = None) -> GatewayConfig:
     }
     if key := env.get(ENV_PREFIX + "ANTHROPIC_API_KEY"):
         anthropic["api_key"] = key
-    # Every model on both; a request goes to the first that serves its API, and
+    gemini: dict[str, Any] = {
+        "name": "gemini",
+        "kind": "gemini",
+        "base_url": env.get(ENV_PREFIX + "GEMINI_BASE_URL", DEFAULT_GEMINI_URL),
+    }
+    if key := env.get(ENV_PREFIX + "GEMINI_API_KEY"):
+        gemini["api_key"] = key
+    # Every model on each; a request goes to the first that serves its API, and
     # requests without a model (the last route's: /v1/models, files) to the default.
-    routes = [{"match": "*", "upstream": "anthropic"}, {"match": "*", "upstream": "default"}]
-    data: dict[str, Any] = {"upstreams": [upstream, anthropic], "routes": routes}
+    routes = [
+        {"match": "*", "upstream": "anthropic"},
+        {"match": "*", "upstream": "gemini"},
+        {"match": "*", "upstream": "default"},
+    ]
+    data: dict[str, Any] = {"upstreams": [upstream, anthropic, gemini], "routes": routes}
     if keys := [k.strip() for k in env.get(ENV_PREFIX + "KEYS", "").split(",") if k.strip()]:
         data["auth"] = {"keys": keys}
     if redis_url := env.get(ENV_PREFIX + "REDIS_URL"):
