@@ -23,19 +23,31 @@ IDENTITY_FIELDS = ("responseId", "modelVersion", "createTime")
 
 
 class GeminiAccumulator(RunAccumulator):
-    """What the client was sent, with the Gemini-only parts: the parts and who signed them."""
+    """What the client was sent, with the Gemini-only parts: the parts and who signed them.
+
+    Text merged into a part is kept as a list of pieces, joined only when the parts are
+    read (a continuation, the assembled answer): the per-chunk cost stays constant."""
 
     usage_counts = USAGE_COUNTS
 
     def __init__(self) -> None:
         super().__init__()
         self.response: dict[str, Any] | None = None  # the identity fields the client got
-        self.parts: list[dict[str, Any]] = []
+        self._parts: list[dict[str, Any]] = []  # a merged part's text in _texts, by index
+        self._texts: dict[int, list[str]] = {}
         # The upstream kind whose leg produced each part (None: not known, a takeover's
         # replay): a signature goes back only to the provider that made it.
         self.origins: list[str | None] = []
         self.candidate: dict[str, Any] = {}  # the candidate's other fields, last seen
         self.prompt_feedback: Any = None
+
+    @property
+    def parts(self) -> list[dict[str, Any]]:
+        """The answer's parts as the client assembles them."""
+        parts = list(self._parts)
+        for index, texts in self._texts.items():
+            parts[index] = parts[index] | {"text": "".join(texts)}
+        return parts
 
     def record(self, part: dict[str, Any], origin: str | None) -> None:
         """A part the client was sent. Text of one kind (answer, thought) goes on the last
@@ -48,7 +60,8 @@ class GeminiAccumulator(RunAccumulator):
                 self.add_reasoning("thought", text)
             else:
                 self.add_text(text)
-            last = self.parts[-1] if self.parts else None
+            index = len(self._parts) - 1
+            last = self._parts[-1] if self._parts else None
             if (
                 last is not None
                 and type(last.get("text")) is str
@@ -57,7 +70,7 @@ class GeminiAccumulator(RunAccumulator):
                 and self.origins[-1] == origin
                 and part.keys() <= {"text", "thought"}
             ):
-                self.parts[-1] = last | {"text": last["text"] + text}
+                self._texts.setdefault(index, [last["text"]]).append(text)
                 return
         call = part.get("functionCall")
         if type(call) is dict:
@@ -72,7 +85,7 @@ class GeminiAccumulator(RunAccumulator):
                     arguments,
                 )
             )
-        self.parts.append(dict(part))
+        self._parts.append(dict(part))
         self.origins.append(origin)
 
     def response_object(self) -> dict[str, Any]:
