@@ -112,8 +112,9 @@ class GeminiSplicer(Legs):
             if part.get("thought") is True:
                 if later:  # the client has its thoughts, and more after them
                     changed = True
-                    if SIGNATURE in part:  # relayed on the part it came on, without text
-                        kept.append({"thought": True, SIGNATURE: part[SIGNATURE]})
+                    if SIGNATURE in part:  # relayed on the part it came on, its text
+                        # left out, as Gemini's own empty signature carriers are
+                        kept.append({"text": "", "thought": True, SIGNATURE: part[SIGNATURE]})
                     continue
             elif type(part.get("functionCall")) is dict:
                 part, renamed = self._call(part)

@@ -90,10 +90,9 @@ def test_a_later_leg_keeps_the_first_identity_trims_the_seam_and_shows_no_though
     splicer.begin_leg(Plan.CONTINUE_TEXT, SeamRule("answer is ", restart=True))
     assert splicer.feed(chunk({"text": "Thinking again", "thought": True}, rid="r1")) is None
     signed = {"text": "", "thought": True, "thoughtSignature": "c2ln"}
-    (kept,) = client_chunks(splicer.feed(chunk(signed, rid="r1")) or b"")
-    assert kept["candidates"][0]["content"]["parts"] == [
-        {"thought": True, "thoughtSignature": "c2ln"}
-    ]
+    thought = signed | {"text": "and again"}
+    (kept,) = client_chunks(splicer.feed(chunk(thought, rid="r1")) or b"")
+    assert kept["candidates"][0]["content"]["parts"] == [signed]  # its signature, no text
     out = splicer.feed(chunk({"text": "answer is 42."}, finish="STOP", rid="r1", usage={}))
     (last,) = client_chunks(out or b"")
     assert (last["responseId"], last["modelVersion"]) == ("r0", "m-r0")
