@@ -11,7 +11,11 @@ an ``error`` or ``response.failed`` event is the request's error. One to a
 ``/messages`` path reads the Anthropic Messages API: a content delta is a
 ``content_block_delta`` whose delta is a non-empty ``text_delta`` (thinking and
 tool-input deltas are not counted), the end is ``message_stop``, and an
-``error`` event is the request's error.
+``error`` event is the request's error. One to a Gemini path
+(``/v1beta/models/{model}:streamGenerateContent?alt=sse``, the model filled in per
+request) reads the Gemini API: a content delta is a chunk with a non-empty text part
+that is not a thought, the end is the chunk with a ``finishReason``, and an ``error``
+(Google's raw error object after the events, or a ``data:`` event) is the request's error.
 """
 
 from __future__ import annotations
@@ -116,18 +120,51 @@ def messages_text(document: dict[str, Any]) -> str:
     return text
 
 
+GEMINI_METHODS = (":streamGenerateContent", ":generateContent")
+
+
+def gemini_chunk(chunk: dict[str, Any], result: Result) -> None:
+    """Note one Gemini chunk in ``result``: a text delta, the end, or a failure."""
+    if "error" in chunk:
+        if result.error is None:
+            result.error = f"error: {orjson.dumps(chunk)[:200].decode(errors='replace')}"
+        return
+    candidates = chunk.get("candidates")
+    if type(candidates) is not list or not candidates:
+        return
+    candidate = candidates[0]
+    parts = (candidate.get("content") or {}).get("parts") or ()
+    if any(p.get("text") and p.get("thought") is not True for p in parts):
+        result.times.append(time.perf_counter())
+    if candidate.get("finishReason"):
+        result.done = True
+
+
+def gemini_text(document: dict[str, Any]) -> str:
+    """The text (not thoughts) of a whole (non-streamed) GenerateContentResponse."""
+    candidates = document.get("candidates") or [{}]
+    parts = (candidates[0].get("content") or {}).get("parts") or ()
+    return "".join(p.get("text") or "" for p in parts if p.get("thought") is not True)
+
+
 class Connection:
+    """``path`` may hold ``{model}`` (a Gemini path): each request then names its model."""
+
     def __init__(self, host: str, port: int, path: str, headers: dict[str, str]) -> None:
-        self._host, self._port = host, port
+        self._host, self._port, self._path = host, port, path
         self._responses = path.rstrip("/").endswith("/responses")
         self._messages = path.rstrip("/").endswith("/messages")
+        self._gemini = any(method in path for method in GEMINI_METHODS)
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self._head = (
-            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-            f"{extra}content-length: "
+        self._rest = (
+            f"host: {host}:{port}\r\ncontent-type: application/json\r\n{extra}content-length: "
         ).encode()
+        self._head = self._start(path)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+
+    def _start(self, path: str) -> bytes:
+        return f"POST {path} HTTP/1.1\r\n".encode() + self._rest
 
     async def connect(self) -> None:
         if self._writer is None:
@@ -140,8 +177,10 @@ class Connection:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    async def request(self, body: bytes, *, stream: bool) -> Result:
+    async def request(self, body: bytes, *, stream: bool, model: str | None = None) -> Result:
         """Send one request; never raises (a failure is the result's ``error``).
+
+        ``model`` fills a Gemini path's ``{model}`` (other paths ignore it).
 
         As an SDK's pool does, a kept-alive connection the server has closed while
         it idled (uvicorn closes them after 5 s) is replaced, and a request whose
@@ -150,19 +189,22 @@ class Connection:
         if self._reader is not None and self._reader.at_eof():
             await self.close()
         reused = self._writer is not None
-        result = await self._attempt(body, stream)
+        head = self._head
+        if model is not None and "{model}" in self._path:
+            head = self._start(self._path.format(model=model))
+        result = await self._attempt(head, body, stream)
         if reused and result.error is not None and result.error.startswith(STALE):
-            result = await self._attempt(body, stream)
+            result = await self._attempt(head, body, stream)
         return result
 
-    async def _attempt(self, body: bytes, stream: bool) -> Result:
+    async def _attempt(self, head: bytes, body: bytes, stream: bool) -> Result:
         result = Result(time.perf_counter())
         try:
             async with asyncio.timeout(TIMEOUT):
                 await self.connect()
                 assert self._reader is not None and self._writer is not None
                 result.started = time.perf_counter()
-                self._writer.write(self._head + b"%d\r\n\r\n%b" % (len(body), body))
+                self._writer.write(head + b"%d\r\n\r\n%b" % (len(body), body))
                 keep = await self._response(self._reader, result, stream)
         except Exception as exc:  # noqa: BLE001 - a failed request is a counted error
             result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -191,20 +233,27 @@ class Connection:
                 text = responses_text(document) if document.get("status") == "completed" else ""
             elif self._messages:
                 text = messages_text(document) if document.get("stop_reason") else ""
+            elif self._gemini:
+                finished = (document.get("candidates") or [{}])[0].get("finishReason")
+                text = gemini_text(document) if finished else ""
             else:
                 text = document["choices"][0]["message"]["content"]
             if text:
                 result.times.append(time.perf_counter())
                 result.done = True
             return keep
-        pending = b""
+        pending, raw = b"", b""  # raw: Gemini's error object, which is not an event
         async for part in body:
             *lines, pending = (pending + part).split(b"\n")
             for line in lines:
                 if not line.startswith(b"data:"):
+                    if self._gemini and line.strip() and not line.startswith(b":"):
+                        raw += line.strip()
                     continue
                 data = line[5:].strip()
-                if self._responses:
+                if self._gemini:
+                    gemini_chunk(orjson.loads(data), result)
+                elif self._responses:
                     responses_event(orjson.loads(data), result)
                 elif self._messages:
                     messages_event(orjson.loads(data), result)
@@ -212,6 +261,9 @@ class Connection:
                     result.done = True
                 elif has_content(orjson.loads(data)):
                     result.times.append(time.perf_counter())
+        raw += pending.strip() if self._gemini else b""
+        if raw and result.error is None:
+            result.error = f"error object: {raw[:200].decode(errors='replace')}"
         return keep
 
 

@@ -331,6 +331,20 @@ def _messages(results: Results) -> list[str]:
     return _protocol_row(results, "messages", "Messages", intro, " (chaos upstream)")
 
 
+def _gemini(results: Results) -> list[str]:
+    """The Gemini API row, against the chaos upstream, as the Messages row."""
+    streams = COUNT(_section(results, "gemini").get("streams"))
+    intro = (
+        "`POST /v1beta/models/{model}:streamGenerateContent?alt=sse` (a `gemini` upstream). "
+        "Every figure of this row, chat's too, is against the chaos upstream, as the bench "
+        "upstream does not speak Gemini: CPU per delta from chat and Gemini rounds of "
+        f"{streams} streams asking it for the same answer (64 text deltas, every event 20 ms "
+        "apart), run alternately; one stream's TTFT and the seam as the chat workloads, "
+        "against the chaos upstream directly (LiteLLM is not measured here)."
+    )
+    return _protocol_row(results, "gemini", "Gemini", intro, " (chaos upstream)")
+
+
 def _protocol_row(
     results: Results, key: str, name: str, intro: str, chat_where: str = ""
 ) -> list[str]:
@@ -478,6 +492,7 @@ def markdown(results: Results) -> str:
         _stall_free,
         _responses,
         _messages,
+        _gemini,
     )
     lines = [line for section in sections for line in section(results)]
     return "\n".join(lines).rstrip() + "\n"

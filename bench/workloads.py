@@ -6,9 +6,11 @@ a workload goes through ``bench.client``; its CPU accounting reads /proc.
 
 Most workloads speak chat completions; ``ttft``, ``seam`` and ``protocols`` (chat
 and Responses streams at one N, in alternating order within each round) also
-speak the Responses API (``protocol=RESPONSES``) and the Anthropic Messages API
-(``protocol=MESSAGES``). The bench upstream does not speak Messages: its row runs
-against the chaos upstream, chat and Messages alike (``chaos_model``).
+speak the Responses API (``protocol=RESPONSES``), the Anthropic Messages API
+(``protocol=MESSAGES``) and the Gemini API (``protocol=GEMINI``: the model is in the
+path, so every request names it to its connection). The bench upstream speaks neither
+Messages nor Gemini: their rows run against the chaos upstream, chat and the protocol
+alike (``chaos_model``).
 """
 
 from __future__ import annotations
@@ -35,8 +37,16 @@ STALL = 0.040  # a gap longer than this is a stall
 TTFT_CHUNKS = 4  # the one-stream TTFT workload: a short answer, no pacing
 NONSTREAM_CHUNKS = 16  # the non-streaming workload's answer, in tokens
 MS = 1000.0
-CHAT, RESPONSES, MESSAGES = "chat", "responses", "messages"
-PATHS = {CHAT: "/v1/chat/completions", RESPONSES: "/v1/responses", MESSAGES: "/v1/messages"}
+CHAT, RESPONSES, MESSAGES, GEMINI = "chat", "responses", "messages", "gemini"
+PATHS = {
+    CHAT: "/v1/chat/completions",
+    RESPONSES: "/v1/responses",
+    MESSAGES: "/v1/messages",
+    GEMINI: "/v1beta/models/{model}:streamGenerateContent?alt=sse",
+}
+# Headers a protocol's requests carry: the chaos upstream's Gemini door wants a key (a
+# gateway with no api_key on its gemini upstream passes the client's on).
+HEADERS = {GEMINI: {"x-goog-api-key": "bench"}}
 MAX_TOKENS = 4096  # a Messages request must say it
 
 
@@ -52,7 +62,8 @@ class Target:
         """``count`` keep-alive connections, the same ones from round to round."""
         pool = self.pools.setdefault(protocol, [])
         while len(pool) < count:
-            pool.append(Connection("127.0.0.1", self.port, PATHS[protocol], self.headers))
+            headers = self.headers | HEADERS.get(protocol, {})
+            pool.append(Connection("127.0.0.1", self.port, PATHS[protocol], headers))
         return pool[:count]
 
     @property
@@ -69,7 +80,7 @@ class Roles:
     redis: list[int]
     everything: list[int]  # every process of the benchmark, idle proxies too
     redis_port: int | None = None  # for the commands it processed (Redis ops/s)
-    chaos: list[int] = field(default_factory=list)  # the chaos upstream (the Messages row's)
+    chaos: list[int] = field(default_factory=list)  # the chaos upstream (Messages', Gemini's)
 
     def redis_commands(self) -> int:
         """Commands the benchmark's redis-server processed so far (INFO stats)."""
@@ -110,6 +121,9 @@ def chaos_model(chunks: int, pace_ms: int) -> str:
 
 
 def body(model: str, stream: bool, protocol: str = CHAT, **extra: Any) -> bytes:
+    """A request for ``model``; a Gemini one names it (and streaming) in its path instead."""
+    if protocol == GEMINI:
+        return orjson.dumps({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]} | extra)
     if protocol == RESPONSES:
         return orjson.dumps({"model": model, "input": "hi", "stream": stream} | extra)
     if protocol == MESSAGES:
@@ -192,13 +206,16 @@ async def ttft(
 
     ``name``: the model (default: the bench upstream's ``TTFT_CHUNKS`` deltas, unpaced).
     """
-    payload = body(name or model(TTFT_CHUNKS, 0), True, protocol)
+    asked = name or model(TTFT_CHUNKS, 0)
+    payload = body(asked, True, protocol)
     samples: dict[str, list[float]] = {t.name: [] for t in targets}
     failed: dict[str, list[str]] = {t.name: [] for t in targets}
     for r, target in rotations(targets, -(-requests // block), 1):
         (connection,) = target.connections(1, protocol)
         with collector_paused():
-            results = [await connection.request(payload, stream=True) for _ in range(block)]
+            results = [
+                await connection.request(payload, stream=True, model=asked) for _ in range(block)
+            ]
         for result in results:
             result.check(TTFT_CHUNKS)
             if r < 0:
@@ -308,14 +325,17 @@ async def streams_round(
 
     ``name``: the model (default: the bench upstream's ``CHUNKS`` deltas ``PACE_MS`` apart).
     """
-    payload = body(name or model(CHUNKS, PACE_MS), True, protocol)
+    asked = name or model(CHUNKS, PACE_MS)
+    payload = body(asked, True, protocol)
     connections = target.connections(n, protocol)
     await connect_all(connections)
     before, commands = roles.cpu(target), roles.redis_commands()
     rss = asyncio.create_task(sample_rss(target, CHUNKS * PACE_MS / MS / 2, sweep))
     with collector_paused():
         started = time.perf_counter()
-        results = await asyncio.gather(*(c.request(payload, stream=True) for c in connections))
+        results = await asyncio.gather(
+            *(c.request(payload, stream=True, model=asked) for c in connections)
+        )
         wall = time.perf_counter() - started
     await rss
     # Less one: the INFO that read the count before is itself a command.
@@ -459,11 +479,12 @@ async def nonstream(
 SEAM_TEXT, SEAM_AT = 40, 20
 
 
-# Responses and Messages seams take seeds from here on: ``times=1`` counts by the exact
-# model string, and the chat seams of the same run use 0, 1, 2…
+# Responses, Messages and Gemini seams take seeds from here on: ``times=1`` counts by
+# the exact model string, and the chat seams of the same run use 0, 1, 2…
 RESPONSES_SEEDS = 1_000_000
 MESSAGES_SEEDS = 2_000_000
-FIRST_SEEDS = {CHAT: 0, RESPONSES: RESPONSES_SEEDS, MESSAGES: MESSAGES_SEEDS}
+GEMINI_SEEDS = 3_000_000
+FIRST_SEEDS = {CHAT: 0, RESPONSES: RESPONSES_SEEDS, MESSAGES: MESSAGES_SEEDS, GEMINI: GEMINI_SEEDS}
 
 
 def continuation(spec: str, protocol: str) -> bytes:
@@ -471,8 +492,17 @@ def continuation(spec: str, protocol: str) -> bytes:
 
     Messages: as the gateway continues on an anthropic upstream (prefill), the original
     turn, then the text so far as the final assistant message, trailing whitespace cut.
+    Gemini: the same prefill, as a trailing ``model`` turn (one text part; the gateway
+    sends the parts as the client got them, which the upstream reads as one text).
     """
     answer = expected_answer(spec).text
+    if protocol == GEMINI:
+        prefill = answer[: len(answer) // 2].rstrip()
+        contents = [
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {"role": "model", "parts": [{"text": prefill}]},
+        ]
+        return orjson.dumps({"contents": contents})
     if protocol == MESSAGES:
         prefill = answer[: len(answer) // 2].rstrip()
         messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": prefill}]
@@ -508,16 +538,15 @@ async def seam(
         # A distinct seed per stream: ``times=1`` counts by the exact model string.
         spec = f"chaos:text={SEAM_TEXT},seed={first_seed + i}"
         (connection,) = target.connections(1, protocol)
-        result = await connection.request(
-            body(f"{spec},fault=reset,at={SEAM_AT},times=1", True, protocol), stream=True
-        )
+        broken = f"{spec},fault=reset,at={SEAM_AT},times=1"
+        result = await connection.request(body(broken, True, protocol), stream=True, model=broken)
         if result.error is None and (not result.done or len(result.times) <= SEAM_AT):
             result.error = f"did not recover: {len(result.times)} deltas"
         if result.error is not None:
             failed[target.name].append(result.error)
             continue
         seams[target.name].append(result.times[SEAM_AT] - result.times[SEAM_AT - 1])
-        leg = await direct.request(continuation(spec, protocol), stream=True)
+        leg = await direct.request(continuation(spec, protocol), stream=True, model=spec)
         if leg.ttft is not None:
             legs[target.name].append(leg.ttft)
     out = {}

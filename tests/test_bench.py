@@ -1,11 +1,11 @@
 """The benchmark harness end to end: ``python -m bench --quick``, as CI runs it.
 
 A smoke test, no timing assertions: every target (direct, the gateway four
-ways, LiteLLM's proxy) answers every workload without an error, the Responses
-and Messages API rows (direct and the gateway) too, durability sync is reported
-next to async, and the results are written as JSON, markdown and a PNG chart.
-The benchmark client's Messages reader is checked on its own against known
-chaos answers.
+ways, LiteLLM's proxy) answers every workload without an error, the Responses,
+Messages and Gemini API rows (direct and the gateway) too, durability sync is
+reported next to async, and the results are written as JSON, markdown and a PNG
+chart; ``--only gemini`` runs that row alone. The benchmark client's Messages and
+Gemini readers are checked on their own against known chaos answers.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from bench import workloads
 from bench.client import Connection, Result
-from bench.workloads import MESSAGES, PATHS, body, continuation
+from bench.workloads import GEMINI, HEADERS, MESSAGES, PATHS, body, continuation
 from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,25 +86,9 @@ def test_quick_benchmark_runs_every_workload_against_every_target(tmp_path: Path
         assert set(responses["summary"][name]) >= {"cpu_ratio", "ttft_added_p50"}
     assert "litellm" not in responses["ttft"]
 
-    # The Messages row: the same, against the chaos upstream (chat's rounds and TTFT too).
-    messages = results["messages"]
-    for name in ("direct", "off", "memory", "redis"):
-        for key in ("ttft", "chat_ttft"):
-            ttft = messages[key][name]
-            assert ttft["n"] > 0 and ttft["errors"] == 0 and ttft["p50"] > 0, (name, key, ttft)
-        for protocol in ("chat", "messages"):
-            row = messages["concurrency"][protocol][name]
-            assert row["errors"] == 0 and row["frames_per_s"] > 0, (name, protocol, row)
-            assert row["total_streams"] == messages["streams"], (name, protocol, row)
-    for name in ("off", "memory", "redis"):
-        seam = messages["seam"][name]
-        assert seam["n"] > 0 and seam["errors"] == 0, (name, seam)
-        assert seam["p50"] > 0 and seam["leg_ttft_p50"] > 0, (name, seam)
-        summary = messages["summary"][name]
-        assert summary["messages_cpu_ms_per_delta"] > 0, (name, summary)
-        assert summary["cpu_ratio"] > 0, (name, summary)
-        assert summary["ttft_added_p50"] is not None, (name, summary)
-    assert "litellm" not in messages["ttft"]
+    # The Messages and Gemini rows: the same, against the chaos upstream (chat's too).
+    check_chaos_row(results, "messages")
+    check_chaos_row(results, "gemini")
 
     markdown = (tmp_path / "results.md").read_text()
     assert results["labels"]["baseline"].startswith("gateway at HEAD")
@@ -111,12 +96,53 @@ def test_quick_benchmark_runs_every_workload_against_every_target(tmp_path: Path
     assert "### Responses API, side by side with chat" in markdown
     assert "### Anthropic Messages API, side by side with chat" in markdown
     assert "| Messages CPU per delta vs chat's, 8 streams | ≤ 1.15× |" in markdown
+    assert "### Gemini API, side by side with chat" in markdown
+    assert "| Gemini CPU per delta vs chat's, 8 streams | ≤ 1.15× |" in markdown
     assert "### Durability: sync (group commit) vs async, Redis checkpoints" in markdown
     assert "| Responses CPU per delta vs chat's, 8 streams | ≤ 1.25× |" in markdown
     assert "smoke" in markdown.lower()
     assert "LiteLLM proxy" in markdown and "| Added TTFT p50, one stream |" in markdown
     assert (tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert run.stdout.startswith("## Results")
+
+
+def check_chaos_row(results: dict[str, Any], key: str) -> None:
+    """A protocol row measured against the chaos upstream (``key``: messages, gemini):
+    TTFT (its own and chat's), rounds side by side, seam and summary, LiteLLM left out."""
+    section = results[key]
+    for name in ("direct", "off", "memory", "redis"):
+        for which in ("ttft", "chat_ttft"):
+            ttft = section[which][name]
+            assert ttft["n"] > 0 and ttft["errors"] == 0 and ttft["p50"] > 0, (key, name, ttft)
+        for protocol in ("chat", key):
+            row = section["concurrency"][protocol][name]
+            assert row["errors"] == 0 and row["frames_per_s"] > 0, (key, name, protocol, row)
+            assert row["total_streams"] == section["streams"], (key, name, protocol, row)
+    for name in ("off", "memory", "redis"):
+        seam = section["seam"][name]
+        assert seam["n"] > 0 and seam["errors"] == 0, (key, name, seam)
+        assert seam["p50"] > 0 and seam["leg_ttft_p50"] > 0, (key, name, seam)
+        summary = section["summary"][name]
+        assert summary[f"{key}_cpu_ms_per_delta"] > 0, (key, name, summary)
+        assert summary["cpu_ratio"] > 0, (key, name, summary)
+        assert summary["ttft_added_p50"] is not None, (key, name, summary)
+    assert "litellm" not in section["ttft"]
+
+
+@pytest.mark.timeout(300)
+def test_quick_benchmark_runs_only_the_gemini_row_when_asked(tmp_path: Path) -> None:
+    # --only gemini: the Gemini row and the chat seam its summary quotes, no LiteLLM.
+    bench_module("bench", "--quick", "--only", "gemini", "--out", str(tmp_path))
+    results = orjson.loads((tmp_path / "results.json").read_bytes())
+    assert results["configs"] == ["direct", "off", "memory", "redis", "redis-async"]
+    assert results["meta"]["plan"]["rows"] == ["gemini"]
+    assert not {"ttft", "concurrency", "responses", "messages"} & set(results)
+    check_chaos_row(results, "gemini")
+    assert results["gemini"]["summary"]["memory"]["chat_seam_excess_p50"] is not None
+    names = [row["name"] for row in results["targets"]]
+    assert names and all(name.startswith("Gemini ") for name in names), names
+    markdown = (tmp_path / "results.md").read_text()
+    assert "### Gemini API, side by side with chat" in markdown
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +152,21 @@ def chaos() -> Iterator[ChaosUpstream]:
 
 
 def messages_request(upstream: ChaosUpstream, payload: bytes, stream: bool = True) -> Result:
+    return chaos_request(upstream, MESSAGES, payload, stream)
+
+
+def chaos_request(
+    upstream: ChaosUpstream,
+    protocol: str,
+    payload: bytes,
+    stream: bool = True,
+    model: str | None = None,
+) -> Result:
     async def request() -> Result:
-        connection = Connection("127.0.0.1", upstream.port, PATHS[MESSAGES], {})
+        headers = HEADERS.get(protocol, {})
+        connection = Connection("127.0.0.1", upstream.port, PATHS[protocol], headers)
         try:
-            return await connection.request(payload, stream=stream)
+            return await connection.request(payload, stream=stream, model=model)
         finally:
             await connection.close()
 
@@ -299,3 +336,41 @@ def test_the_websocket_benchmark_times_every_way() -> None:
         ttft, _, turn = (float(cell) for cell in row.split(" | ")[1:4])
         assert 0 < ttft <= turn, row
     assert "WebSocket ÷ HTTP through the gateway" in run.stdout
+
+
+THOUGHTS = {"generationConfig": {"thinkingConfig": {"includeThoughts": True}}}
+
+
+def test_the_gemini_reader_counts_the_text_parts_of_a_chaos_answer(chaos: ChaosUpstream) -> None:
+    # Thought parts and the functionCall part are not text: 12 deltas only (the seeds
+    # are not the Messages tests': the module's chaos upstream records them all).
+    spec = "chaos:text=12,reasoning=3,tools=1,seed=8"
+    result = chaos_request(chaos, GEMINI, body(spec, True, GEMINI, **THOUGHTS), model=spec)
+    assert result.error is None and result.done, result
+    assert len(result.times) == 12
+    assert result.times == sorted(result.times)
+    (recorded,) = chaos.requests_for(spec)
+    assert recorded.path.startswith(f"/v1beta/models/{spec}:streamGenerateContent")
+
+    # Google's raw error object after 5 text chunks: an error, and no finishReason.
+    spec = "chaos:text=12,fault=error,at=5"
+    broken = chaos_request(chaos, GEMINI, body(spec, True, GEMINI), model=spec)
+    assert not broken.done and len(broken.times) == 5
+    assert broken.error is not None and "UNAVAILABLE" in broken.error
+
+    # The same as a data: event.
+    spec = "chaos:text=12,fault=error_data,at=5"
+    broken = chaos_request(chaos, GEMINI, body(spec, True, GEMINI), model=spec)
+    assert not broken.done and broken.error is not None and "UNAVAILABLE" in broken.error
+
+
+def test_the_gemini_seam_baseline_is_a_prefill_the_chaos_upstream_continues(
+    chaos: ChaosUpstream,
+) -> None:
+    spec = "chaos:text=40,seed=4"
+    result = chaos_request(chaos, GEMINI, continuation(spec, GEMINI), model=spec)
+    assert result.error is None and result.done and result.times, result
+    (recorded,) = chaos.requests_for(spec)
+    text = expected_answer(spec).text
+    assert recorded.prefix and text.startswith(recorded.prefix)
+    assert recorded.answered_text == text[len(recorded.prefix) :]
