@@ -14,13 +14,16 @@ import orjson
 import pytest
 
 from gateway.chaos import Answer, expected_answer
+from gateway.chaos import gemini as chaos_gemini
 from gateway.demo import (
+    GEMINI,
     MESSAGES,
     RESPONSES,
     SCENARIOS,
     Received,
     Scenario,
     differences,
+    gemini_differences,
     messages_differences,
     responses_differences,
     run_demo,
@@ -49,9 +52,15 @@ EXPECTED = {
     ),
     # Messages, overloaded every time on Anthropic: finished on Bedrock.
     BEDROCK_SCENE: ("in_band_error", "continue_text"),
+    # Gemini: Google's raw error object, after the 8 thoughts and 12 text deltas.
+    "chaos:text=32,reasoning=8,tools=1,seed=10,fault=error,at=20,times=1": (
+        "in_band_error",
+        "continue_text",
+    ),
 }
 RESPONSES_SPEC = "chaos:text=32,seed=6,fault=reset,at=12,times=1"
 MESSAGES_SPEC = "chaos:text=32,reasoning=8,tools=1,seed=8,fault=error,at=20,times=1"
+GEMINI_SPEC = "chaos:text=32,reasoning=8,tools=1,seed=10,fault=error,at=20,times=1"
 TOOLS_SPEC = "chaos:text=8,tools=2,arg_deltas=6,seed=4"
 
 
@@ -76,12 +85,14 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
     assert set(reports) == set(EXPECTED) == {s.spec for s in SCENARIOS}
     for spec, (cause, plan) in EXPECTED.items():
         report = reports[spec]
-        upstream = "chaos-anthropic" if spec in (MESSAGES_SPEC, BEDROCK_SCENE) else "chaos"
+        upstream = {MESSAGES_SPEC: "chaos-anthropic", BEDROCK_SCENE: "chaos-anthropic"}.get(
+            spec, "chaos-gemini" if spec == GEMINI_SPEC else "chaos"
+        )
         assert f"broke     {cause}: upstream '{upstream}'" in report, report
         if plan is None:
             assert "handled   not retried" in report, report
             assert "an explicit error, no [DONE], the text so far intact: yes" in report, report
-        elif spec not in (RESPONSES_SPEC, MESSAGES_SPEC, BEDROCK_SCENE):  # checked below
+        elif spec not in (RESPONSES_SPEC, MESSAGES_SPEC, BEDROCK_SCENE, GEMINI_SPEC):  # below
             assert f"rescued   {plan}: " in report, report
             assert "check     identical to an unbroken answer: yes" in report, report
     tool_report = reports[f"{TOOLS_SPEC},fault=reset,at=11,times=1"]
@@ -120,7 +131,29 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
     legs = "legs Anthropic (x-api-key, SSE) then Amazon Bedrock (SigV4, AWS event stream)"
     assert legs in flat, bedrock
     assert f"check {check}" in flat, bedrock
-    assert "8 streams broke, 8 rescued" in result.stdout
+
+    # The Gemini scene: the google-genai SDK's stream, thoughts and a function call, and
+    # Google's raw error object that the gateway recovered from.
+    gemini = reports[GEMINI_SPEC]
+    flat = " ".join(gemini.split())
+    assert "rescued continue_text: " in flat, gemini
+    assert "client google-genai SDK: client.models.generate_content_stream(" in flat, gemini
+    assert re.search(
+        r"\d+ chunks \(each with parts: 8 thought, 32 text, 1 function_call\), "
+        r'responseId [\w-]+; then finishReason "STOP" on the last chunk ',
+        flat,
+    ), gemini
+    thoughts = len(expected_answer(GEMINI_SPEC).reasoning)
+    assert re.search(rf'thoughts ".+" \({thoughts} characters\)', flat), gemini
+    assert re.search(r"signature \S+… \(44 characters of base64\) on the function call", flat)
+    assert gemini.count("valid JSON") == 1 and "INVALID" not in gemini, gemini
+    assert re.search(r"^ +seam +…\S", gemini, flags=re.MULTILINE), gemini
+    check = (
+        "identical to an unbroken answer, thoughts once, the call whole with its signature, "
+        "one finishReason: yes"
+    )
+    assert f"check {check}" in flat, gemini
+    assert "9 streams broke, 9 rescued" in result.stdout
     assert "OPENAI_BASE_URL=http://127.0.0.1:8080/v1" in result.stdout
 
 
@@ -293,6 +326,78 @@ def test_the_bedrock_scene_is_skipped_without_botocore(monkeypatch: pytest.Monke
     report = out.getvalue()
     assert "skipped   botocore is not installed" in report
     assert "streams broke" not in report
+
+
+def gemini_received(expected: Answer, **changes: object) -> Received:
+    """What the SDK client of the Gemini scene gathers from an unbroken answer: its
+    thoughts, text and call in chunks of one part, the last finishing, the call signed
+    as the upstream's Gemini door signs it."""
+    (call,) = expected.tool_calls
+    part = {"functionCall": {"name": call.name, "args": orjson.loads(call.arguments)}}
+    received = Received(
+        text=expected.text,
+        calls={0: {"id": "", "name": call.name, "arguments": call.arguments}},
+        finish_reasons=["STOP"],
+        done=True,
+        response_ids={"r1"},
+        thinking=expected.reasoning,
+        signature=chaos_gemini.thought_signature(chaos_gemini.DEVELOPER, part),
+        chunks=[["thought"]] * 3 + [["text"]] * 4 + [["function_call"]],
+        signed=["function_call"],
+        finished=[7],
+    )
+    return dataclasses.replace(received, **changes)  # type: ignore[arg-type]
+
+
+def test_the_gemini_check_bites() -> None:
+    expected = expected_answer("chaos:text=20,reasoning=5,tools=1,seed=10")
+    assert gemini_differences(expected, gemini_received(expected)) == []
+    (call,) = expected.tool_calls
+    whole = {"id": "", "name": call.name, "arguments": call.arguments}
+    other_call = {0: whole | {"arguments": '{"city": "Paris"}'}}
+    twice = {0: whole, 1: whole}  # the call shown again
+    vertex = chaos_gemini.thought_signature(
+        chaos_gemini.VERTEX,
+        {"functionCall": {"name": call.name, "args": orjson.loads(call.arguments)}},
+    )
+    variants: list[dict[str, object]] = [
+        {"text": expected.text[:-1]},
+        {"thinking": expected.reasoning + expected.reasoning[:3]},  # thoughts shown again
+        {"calls": other_call},
+        {"calls": twice},
+        {"calls": {}},
+        {
+            "chunks": [["thought"], ["text"], ["thought"], ["thought"]]
+            + [["text"]] * 3
+            + [["function_call"]]
+        },
+        {"chunks": [["thought"]] * 3 + [["text"]] * 3 + [[], ["function_call"]]},
+        {"response_ids": {"r1", "r2"}},
+        {"finish_reasons": ["STOP", "STOP"], "finished": [6, 7]},
+        {"finish_reasons": [], "finished": []},
+        {"finished": [6]},  # not on the last chunk
+        {"signed": []},
+        {"signed": ["text", "function_call"]},
+        {"signature": vertex},  # another provider's signature: not the one that came
+        {"signature": ""},
+        {"error": {"message": "The model is overloaded.", "code": "UNAVAILABLE"}},
+    ]
+    for changes in variants:
+        assert gemini_differences(expected, gemini_received(expected, **changes)), changes
+
+
+def test_the_gemini_scene_is_skipped_without_the_google_genai_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "google.genai", None)  # import google.genai raises
+    (scene,) = [s for s in SCENARIOS if s.api == GEMINI]
+    out = io.StringIO()
+    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    report = out.getvalue()
+    assert "skipped   the google-genai package is not installed (pip install google-genai)" in (
+        report
+    )
+    assert "streams broke" not in report and "1 skipped: the google-genai package" in report
 
 
 def test_a_stream_that_cannot_be_rescued_fails_the_demo() -> None:

@@ -16,29 +16,35 @@ package would write it: content and tool-call deltas, ``finish_reason``, an in-b
 which checks the event order strictly, and one the Anthropic Messages API
 (``POST /v1/messages``, an ``anthropic`` upstream on the same chaos server) through
 the anthropic SDK's ``client.messages.stream()``, with extended thinking and a
-tool. Each is skipped, with a note, when its SDK is not installed (both are
-development dependencies).
+tool, and one the Gemini API (``POST /v1beta/models/{model}:streamGenerateContent``, a
+``gemini`` upstream on the same chaos server) through the google-genai SDK's
+``client.models.generate_content_stream()``, with thoughts and a function call. Each is
+skipped, with a note, when its SDK is not installed (all three are development
+dependencies).
 """
 
 from __future__ import annotations
 
 from gateway.demo.checks import (
     differences,
+    gemini_differences,
     messages_differences,
     responses_differences,
     surfaced_cleanly,
 )
 from gateway.demo.client import Received
-from gateway.demo.scenes import MESSAGES, RESPONSES, SCENARIOS, Scenario
+from gateway.demo.scenes import GEMINI, MESSAGES, RESPONSES, SCENARIOS, Scenario
 from gateway.demo.stage import run_demo
 
 __all__ = [
+    "GEMINI",
     "MESSAGES",
     "RESPONSES",
     "SCENARIOS",
     "Scenario",
     "Received",
     "differences",
+    "gemini_differences",
     "messages_differences",
     "responses_differences",
     "surfaced_cleanly",

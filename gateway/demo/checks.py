@@ -12,6 +12,7 @@ from prometheus_client import Counter
 from gateway.chaos import (
     Answer,
     RecordedRequest,
+    gemini,
 )
 from gateway.chaos.answer import find_prefix
 from gateway.chaos.messages import messages_prefix
@@ -59,9 +60,12 @@ class Rescue:
 
 def _prefix(request: RecordedRequest, text: str) -> str:
     """The text a request continued: on /v1/messages a trailing assistant message (a
-    prefill) is continued too."""
+    prefill) is continued too, and on the Gemini API a trailing model turn."""
     if request.path == "/v1/messages":
         prefix = messages_prefix(request.body)
+        return prefix if text.startswith(prefix) else ""
+    if request.path.endswith(":" + gemini.STREAM):
+        prefix = messages_prefix(gemini.chat_view(gemini.contents_of(request.body)))
         return prefix if text.startswith(prefix) else ""
     return find_prefix(request.body, text)
 
@@ -184,6 +188,62 @@ def messages_differences(expected: Answer, received: Received) -> list[str]:
     if received.final_text != received.text:
         problems.append("the final message's text is not the streamed text")
     return problems
+
+
+def _runs(kinds: list[str]) -> list[str]:
+    """``kinds`` with each run of one kind said once: the order the parts came in."""
+    return [kind for index, kind in enumerate(kinds) if index == 0 or kinds[index - 1] != kind]
+
+
+def gemini_differences(expected: Answer, received: Received) -> list[str]:
+    """How a Gemini stream differs from an unbroken answer; empty when it does not.
+
+    The text and the thoughts, whole and exact, thoughts first; the function calls whole
+    and once; content parts in every chunk (the SDK's chat history drops a turn with a
+    chunk without them); one responseId; one finishReason, STOP, on the last chunk; the
+    thoughtSignature on the first call (or, without calls, the last text part) and
+    nowhere else, as the upstream made it (Gemini 3 refuses the next turn otherwise).
+    """
+    problems = _text_problems(expected, received)
+    if received.thinking != expected.reasoning:
+        problems.append("the thoughts differ")
+    want = [(c.name, orjson.loads(c.arguments)) for c in expected.tool_calls]
+    got = [(c.name, orjson.loads(c.arguments)) for c in received.tool_calls]
+    if got != want:
+        problems.append("the function calls differ")
+    order = ["thought"] * bool(expected.reasoning) + ["text"] * bool(expected.text)
+    order += ["function_call"] * bool(expected.tool_calls)
+    came = _runs([kind for kinds in received.chunks for kind in kinds])
+    if came != order:
+        problems.append(f"the parts came as {came}, not {order}")
+    if empty := [index for index, kinds in enumerate(received.chunks) if not kinds]:
+        problems.append(f"chunks {empty} have no content parts")
+    if len(received.response_ids) != 1:
+        problems.append(f"{len(received.response_ids)} responseIds, not one")
+    if received.finish_reasons != ["STOP"] or received.finished != [len(received.chunks) - 1]:
+        problems.append(
+            f"finishReason {received.finish_reasons} on chunks {received.finished}, not "
+            f"['STOP'] on the last one"
+        )
+    signed = "function_call" if expected.tool_calls else "text"
+    if received.signed != [signed]:
+        problems.append(f"thoughtSignature on the parts {received.signed}, not [{signed!r}]")
+    elif expected.tool_calls and not _signed_by_upstream(received):
+        problems.append("the call's thoughtSignature is not the one the upstream made for it")
+    return problems
+
+
+def _signed_by_upstream(received: Received) -> bool:
+    """Whether the first call's signature is one the chaos upstream's Gemini door
+    issued for that call: relayed unchanged, on the part it came on."""
+    if not received.tool_calls:
+        return False
+    call = received.tool_calls[0]
+    part = {
+        "functionCall": {"name": call.name, "args": orjson.loads(call.arguments)},
+        "thoughtSignature": received.signature,
+    }
+    return gemini.signature_valid(gemini.DEVELOPER, part)
 
 
 def surfaced_cleanly(expected: Answer, received: Received) -> list[str]:

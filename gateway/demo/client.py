@@ -1,9 +1,10 @@
 """The demo's clients: plain httpx2 (and its SSE reader) for chat, the openai SDK's
-``client.responses.stream()`` and the anthropic SDK's ``client.messages.stream()``;
-what each received."""
+``client.responses.stream()``, the anthropic SDK's ``client.messages.stream()`` and the
+google-genai SDK's ``client.models.generate_content_stream()``; what each received."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,14 @@ class Received:
     thinking: str = ""
     signature: str = ""
     stops: int = 0
+    # The Gemini API only: each chunk's parts by kind ("thought", "text", "function_call";
+    # none: a chunk without parts), the kinds of the parts that carried a thoughtSignature,
+    # and the chunks with a finishReason. (Its responseIds go in response_ids, its thoughts
+    # in thinking, its finish reasons in finish_reasons, the first call's signature, in
+    # base64 as on the wire, in signature.)
+    chunks: list[list[str]] = field(default_factory=list)
+    signed: list[str] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -218,6 +227,85 @@ def _message_event(received: Received, event: Any, show: Callable[[str], None]) 
     elif event.type == "message_stop":
         received.stops += 1
         received.done = True
+
+
+GEMINI_PROMPT = MESSAGES_PROMPT
+
+
+def stream_gemini(base_url: str, model: str, show: Callable[[str], None]) -> Received:
+    """Stream one Gemini API answer with the google-genai SDK; ``show`` each text delta.
+
+    Thoughts asked for (``includeThoughts``) and a function offered, as an agent asks.
+    The SDK raises Google's error object (``errors.APIError``), whether it comes as the
+    response or, raw, after the stream's events. Its retries are off: the gateway's only.
+    """
+    from google import genai
+    from google.genai import errors, types
+
+    received = Received()
+    options = types.HttpOptions(
+        base_url=base_url.removesuffix("/v1"),  # the gateway's root: the SDK adds /v1beta
+        api_version="v1beta",
+        timeout=30_000,  # milliseconds
+        retry_options=types.HttpRetryOptions(attempts=1),
+    )
+    weather = types.FunctionDeclaration(
+        name=WEATHER_TOOL["name"],
+        description=WEATHER_TOOL["description"],
+        parameters_json_schema=WEATHER_TOOL["input_schema"],
+    )
+    config = types.GenerateContentConfig(
+        thinking_config=types.ThinkingConfig(include_thoughts=True),
+        tools=[types.Tool(function_declarations=[weather])],
+    )
+    client = genai.Client(vertexai=False, api_key="unused", http_options=options)
+    try:
+        stream = client.models.generate_content_stream(
+            model=model, contents=GEMINI_PROMPT, config=config
+        )
+        for chunk in timed(stream, received):
+            _gemini_chunk(received, chunk, show)
+        received.done = True
+    except errors.APIError as exc:
+        received.error = {"message": exc.message, "code": exc.status or exc.code}
+    finally:
+        client.close()
+    return received
+
+
+def _gemini_chunk(received: Received, chunk: Any, show: Callable[[str], None]) -> None:
+    """Note one ``GenerateContentResponse`` of the SDK's stream in ``received``."""
+    if chunk.response_id:
+        received.response_ids.add(chunk.response_id)
+    candidate = chunk.candidates[0] if chunk.candidates else None
+    content = candidate.content if candidate is not None else None
+    kinds = []
+    for part in (content.parts if content is not None else None) or []:
+        if part.function_call is not None:
+            kind = "function_call"
+            call = part.function_call
+            received.calls[len(received.calls)] = {
+                "id": call.id or "",
+                "name": call.name or "",
+                "arguments": orjson.dumps(call.args or {}).decode(),
+            }
+        elif part.thought:
+            kind = "thought"
+            received.thinking += part.text or ""
+        else:
+            kind = "text"
+            received.text += part.text or ""
+            show(part.text or "")
+        if part.thought_signature:
+            received.signed.append(kind)
+            if kind == "function_call" and not received.signature:
+                received.signature = base64.b64encode(part.thought_signature).decode()
+        kinds.append(kind)
+    received.chunks.append(kinds)
+    if candidate is not None and candidate.finish_reason:
+        reason = candidate.finish_reason
+        received.finish_reasons.append(getattr(reason, "value", str(reason)))
+        received.finished.append(len(received.chunks) - 1)
 
 
 # -- the evidence: the gateway's metrics, the upstream's recorded requests ---------------

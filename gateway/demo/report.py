@@ -148,6 +148,45 @@ def messages_received_line(received: Received, seconds: float) -> str:
     return f"{', '.join(parts)}; then {', '.join(ending)}  ({seconds:.1f} s)"
 
 
+def gemini_received_line(received: Received, seconds: float) -> str:
+    kinds = [kind for chunk in received.chunks for kind in chunk]
+    counts = ", ".join(
+        f"{kinds.count(kind)} {kind}"
+        for kind in ("thought", "text", "function_call")
+        if kind in kinds
+    )
+    every = "each with parts" if all(received.chunks) else "SOME WITHOUT PARTS"
+    parts = [
+        f"{len(received.text)} characters",
+        f"{len(received.chunks)} chunks ({every}: {counts or 'none'})",
+    ]
+    if received.response_ids:
+        ids = ", ".join(sorted(received.response_ids))
+        parts.append(f"responseId {ids}" if len(received.response_ids) == 1 else f"ids {ids}")
+    last = len(received.chunks) - 1
+    ending = [
+        f"finishReason {_quote(reason)}"
+        + (" on the last chunk" if at == last else f" on chunk {at}")
+        for reason, at in zip(received.finish_reasons, received.finished, strict=True)
+    ] or ["no finishReason"]
+    if received.error is not None:
+        ending.append(f"an error ({received.error.get('code')})")
+    return f"{', '.join(parts)}; then {', '.join(ending)}  ({seconds:.1f} s)"
+
+
+def thoughts_line(received: Received) -> str:
+    shown = received.thinking if len(received.thinking) <= 40 else received.thinking[:39] + "…"
+    return f"{_quote(shown)}  ({len(received.thinking)} characters)"
+
+
+def signature_line(received: Received) -> str:
+    """The thoughtSignature the first function call carried."""
+    if not received.signature:
+        return "NONE on the function call"
+    signature = received.signature
+    return f"{signature[:16]}… ({len(signature)} characters of base64) on the function call"
+
+
 def thinking_line(received: Received) -> str:
     shown = received.thinking if len(received.thinking) <= 40 else received.thinking[:39] + "…"
     signed = f"signature {received.signature}" if received.signature else "NOT SIGNED"

@@ -17,7 +17,7 @@ IDLE_TIMEOUT = 1.0  # seconds without a byte before the gateway calls a stream s
 PACE_MS = 35  # between the upstream's deltas, so the answers arrive as a model's would
 
 
-CHAT, RESPONSES, MESSAGES = "chat", "responses", "messages"
+CHAT, RESPONSES, MESSAGES, GEMINI = "chat", "responses", "messages", "gemini"
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class Scenario:
     title: str  # what breaks, and where
     spec: str  # the chaos model name, without pacing; times=1: only the first request breaks
     rescuable: bool = True
-    # Chat completions (httpx2), the Responses API (the openai SDK), or the Anthropic
-    # Messages API (the anthropic SDK).
+    # Chat completions (httpx2), the Responses API (the openai SDK), the Anthropic
+    # Messages API (the anthropic SDK), or the Gemini API (the google-genai SDK).
     api: str = CHAT
     needs: str = ""  # a package its gateway needs besides the SDK: botocore (Bedrock)
 
@@ -81,10 +81,18 @@ SCENARIOS = (
         api=MESSAGES,
         needs="botocore",
     ),
+    Scenario(
+        "The Gemini API, through the google-genai SDK's client.models.generate_content_stream(), "
+        "with thoughts and a function call: Google's raw UNAVAILABLE error object after the "
+        "thoughts and 12 of 32 text deltas",
+        # at= counts the 8 thought chunks (the request asks includeThoughts), then the text.
+        "chaos:text=32,reasoning=8,tools=1,seed=10,fault=error,at=20,times=1",
+        api=GEMINI,
+    ),
 )
 # The Bedrock scene's route: Anthropic first with no retry, then the same answer on
 # Bedrock (its own model id there: the same spec without the fault).
-BEDROCK_SCENE = SCENARIOS[-1].spec
+BEDROCK_SCENE = next(s.spec for s in SCENARIOS if s.needs == "botocore")
 BEDROCK_MODEL = BEDROCK_SCENE.removesuffix(",fault=error,at=22")
 
 
@@ -92,10 +100,10 @@ BEDROCK_MODEL = BEDROCK_SCENE.removesuffix(",fault=error,at=22")
 
 
 def demo_config(upstream_url: str, bedrock: bool = True) -> GatewayConfig:
-    """The chaos upstream three times (its OpenAI APIs, its Messages API as an
-    ``anthropic`` upstream, and as a ``bedrock`` one, with the keys its Bedrock door
-    takes), short timeouts and a short retry backoff, quiet logs, memory state.
-    ``bedrock``: botocore is installed (the ``bedrock`` extra)."""
+    """The chaos upstream four times (its OpenAI APIs, its Messages API as an
+    ``anthropic`` upstream, its Gemini API as a ``gemini`` one, and as a ``bedrock`` one,
+    with the keys its Bedrock door takes), short timeouts and a short retry backoff,
+    quiet logs, memory state. ``bedrock``: botocore is installed (the ``bedrock`` extra)."""
     retry = {"retries": 2, "backoff_initial": 0.05, "backoff_max": 0.2, "idle_retry_delay": 0}
     timeouts = {"connect": 2, "first_byte": 5, "idle": IDLE_TIMEOUT}
     [(key_id, secret)] = BEDROCK_CREDENTIALS.items()
@@ -131,13 +139,21 @@ def demo_config(upstream_url: str, bedrock: bool = True) -> GatewayConfig:
                 "base_url": upstream_url.removesuffix("/v1"),
                 "timeouts": timeouts,
             },
+            {
+                "name": "chaos-gemini",
+                "kind": "gemini",
+                # The API root with its version, as Google's; the client's key passes.
+                "base_url": upstream_url.removesuffix("/v1") + "/v1beta",
+                "timeouts": timeouts,
+            },
             *clouds,
         ],
         # A request takes the first route that serves its API: /v1/messages the first,
-        # the rest (and requests without a model) the second.
+        # the Gemini API the second, the rest (and requests without a model) the third.
         "routes": [
             *routes,
             {"match": "*", "upstream": "chaos-anthropic", "retry": retry},
+            {"match": "*", "upstream": "chaos-gemini", "retry": retry},
             {"match": "*", "upstream": "chaos", "retry": retry},
         ],
         "logging": {"level": "error"},

@@ -21,27 +21,38 @@ from gateway.chaos import (
 from gateway.demo.checks import (
     Rescue,
     differences,
+    gemini_differences,
     messages_differences,
     rescue_of,
     responses_differences,
     surfaced_cleanly,
     tally,
 )
-from gateway.demo.client import Received, stream_answer, stream_message, stream_response
+from gateway.demo.client import (
+    Received,
+    stream_answer,
+    stream_gemini,
+    stream_message,
+    stream_response,
+)
 from gateway.demo.report import (
     Report,
     Style,
     broke_line,
+    gemini_received_line,
     messages_received_line,
     received_line,
     rescued_line,
     responses_received_line,
     seam_line,
+    signature_line,
     thinking_line,
+    thoughts_line,
     tool_line,
 )
 from gateway.demo.scenes import (
     CHAT,
+    GEMINI,
     IDLE_TIMEOUT,
     MESSAGES,
     PACE_MS,
@@ -72,6 +83,8 @@ class Stage:
             received = stream_response(self.gateway_url, model, show)
         elif api == MESSAGES:
             received = stream_message(self.gateway_url, model, show)
+        elif api == GEMINI:
+            received = stream_gemini(self.gateway_url, model, show)
         else:
             received = stream_answer(self.client, self.gateway_url, model, show)
         requests = self.upstream.requests[seen:]
@@ -122,6 +135,14 @@ def has_anthropic() -> bool:
     return True
 
 
+def has_genai() -> bool:
+    try:
+        import google.genai  # noqa: F401  (not "from google import genai": see the tests)
+    except ImportError:
+        return False
+    return True
+
+
 def has_botocore() -> bool:
     try:
         import botocore  # noqa: F401
@@ -145,6 +166,13 @@ SDKS = {
         "anthropic SDK: client.messages.stream(model=..., max_tokens=4096, thinking="
         '{"type": "enabled", "budget_tokens": 1024}, tools=[get_weather], messages=...)',
     ),
+    GEMINI: (
+        "google-genai",
+        has_genai,
+        "google-genai SDK: client.models.generate_content_stream(model=..., contents=..., "
+        "config=GenerateContentConfig(thinking_config=ThinkingConfig(include_thoughts=True), "
+        "tools=[get_weather]))",
+    ),
 }
 
 
@@ -157,6 +185,7 @@ def run_scenario(
     report.paragraph(f"{number}  {scenario.title}", indent="     ", code="1")
     report.field("model", model)
     responses, messages = scenario.api == RESPONSES, scenario.api == MESSAGES
+    gemini = scenario.api == GEMINI
     if scenario.api in SDKS:
         package, installed, client = SDKS[scenario.api]
         if not installed():
@@ -178,11 +207,16 @@ def run_scenario(
         report.field("", tool_line(call))
     if messages:
         report.field("thinking", thinking_line(received))
+    if gemini:
+        report.field("signature", signature_line(received))
+        report.field("thoughts", thoughts_line(received))
     seconds = time.perf_counter() - started
     if responses:
         report.field("received", responses_received_line(received, seconds))
     elif messages:
         report.field("received", messages_received_line(received, seconds))
+    elif gemini:
+        report.field("received", gemini_received_line(received, seconds))
     else:
         report.field("received", received_line(received, seconds))
     if received.error is not None and not scenario.rescuable:
@@ -211,6 +245,13 @@ def run_scenario(
         problems = messages_differences(expected, received) + cloud_problems
         report.verdict(
             "identical to an unbroken answer, every block whole, one message_stop", problems
+        )
+    elif gemini:
+        problems = gemini_differences(expected, received)
+        report.verdict(
+            "identical to an unbroken answer, thoughts once, the call whole with its "
+            "signature, one finishReason",
+            problems,
         )
     elif scenario.rescuable:
         problems = differences(expected, received)
@@ -267,20 +308,24 @@ def _summary(
 def _hint(report: Report) -> None:
     report.line()
     report.line(
-        "Try it with your own client (any OpenAI or Anthropic SDK; the model name picks the fault):"
+        "Try it with your own client (any OpenAI, Anthropic or Gemini SDK; the model name picks "
+        "the fault):"
     )
     for command in (
         "resumable-gateway chaos-upstream --port 9000 &",
         "GATEWAY_UPSTREAM_BASE_URL=http://127.0.0.1:9000/v1 \\",
-        "  GATEWAY_ANTHROPIC_BASE_URL=http://127.0.0.1:9000 resumable-gateway serve &",
+        "  GATEWAY_ANTHROPIC_BASE_URL=http://127.0.0.1:9000 \\",
+        "  GATEWAY_GEMINI_BASE_URL=http://127.0.0.1:9000/v1beta resumable-gateway serve &",
         "export OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=unused",
         "export ANTHROPIC_BASE_URL=http://127.0.0.1:8080 ANTHROPIC_API_KEY=unused",
+        "export GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8080 GEMINI_API_KEY=unused",
     ):
         report.line("  " + command)
     report.line('  then stream model "chaos:text=40,fault=reset,at=12,times=1,pace_ms=30"')
     report.line("  (times=1: only the first request with that exact name breaks; vary seed=)")
     report.line("  or the same model with client.responses.stream(model=..., input=...)")
     report.line("  or with client.messages.stream(model=..., max_tokens=..., messages=...)")
+    report.line("  or with client.models.generate_content_stream(model=..., contents=...)")
 
 
 def run_demo(
