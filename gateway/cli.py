@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="watch the gateway rescue streams broken on purpose (no API key, about 10 s)",
+        help="watch the gateway rescue streams broken on purpose (no API key, about 16 s)",
         description="Start the chaos upstream and a gateway in this process, stream answers the "
         "upstream breaks on purpose, and show what the client received, what broke and how it "
         "was rescued. Exit status 0 when every answer arrived as it should.",
