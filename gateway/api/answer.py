@@ -15,7 +15,7 @@ from starlette.types import Receive
 
 from gateway.api.fields import apply_fallbacks, without_gateway_fields
 from gateway.api.passthrough import upstream_error_response
-from gateway.api.runs import RunStream, disconnected, resume_stream
+from gateway.api.runs import RunStream, disconnected, errors_apart, resume_stream
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
 from gateway.inbound import credential, speaks_anthropic, speaks_gemini, trace_context
@@ -133,7 +133,10 @@ async def answer(request: Request, asked: Asked) -> Response:
                 await run.open()
                 # Relayed by its own task: the run outlives this connection (detach).
                 local = gateway.runs.adopt(run, credential(request))
-            return RunStream(local.attach(0, ids=False), _answer_headers(upstreams, headers))
+            body = local.attach(0, ids=False)
+            if asked.adapter.error_pause:
+                body = errors_apart(body, asked.adapter)
+            return RunStream(body, _answer_headers(upstreams, headers))
         assembled = await _complete(run, request.receive)
     except UpstreamHTTPError as exc:
         # The upstream's own 4xx/5xx before any stream: passed through unchanged, but

@@ -25,8 +25,9 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.context import Gateway, gateway_of
 from gateway.errors import InvalidRequest
-from gateway.inbound import credential, trace_context
+from gateway.inbound import credential, speaks_gemini, trace_context
 from gateway.observe import ObservedSend, request_log
+from gateway.protocols import GEMINI, Adapter
 from gateway.runs.resume import Forwarding
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -149,7 +150,24 @@ async def resume_stream(request: Request, gateway: Gateway, run_id: str) -> Resp
     await gateway.read_body(request)  # same limits as any request; the body is not used
     after = parse_offset(request.headers.get("x-resume-from"), "x-resume-from")
     body = await resume_run(request, gateway, run_id, after, ids=False)
+    if body is not None and speaks_gemini(request):
+        body = errors_apart(body, GEMINI)
     return RunStream(body if body is not None else no_events(), {"x-run-id": run_id})
+
+
+async def errors_apart(body: AsyncIterator[bytes], adapter: Adapter) -> AsyncIterator[bytes]:
+    """``body``, with a final error event written on its own, ``adapter.error_pause``
+    after the events before it (Gemini's JS SDK raises only on an error it reads alone)."""
+    async for chunk in body:
+        head, _, last = chunk[:-2].rpartition(b"\n\n")
+        error = last + b"\n\n"
+        if adapter.is_terminal(error) and not adapter.succeeded(error):
+            if head:
+                yield head + b"\n\n"
+            await asyncio.sleep(adapter.error_pause)
+            yield error
+        else:
+            yield chunk
 
 
 async def no_events() -> AsyncIterator[bytes]:

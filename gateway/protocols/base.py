@@ -71,6 +71,10 @@ class Adapter(ABC):
     # What a client stream silent for a while gets (recovery waits): a comment, or the
     # protocol's own ping event. Never on a stream with ``id:`` lines (section 2 item 7).
     keepalive: ClassVar[bytes] = b": keepalive\n\n"
+    # Seconds to wait, after the events before it, before a stream's final error goes out
+    # in a write of its own: a client that raises only on an error read alone (Gemini's
+    # JS SDK) needs it apart; 0: written as the events come.
+    error_pause: ClassVar[float] = 0.0
 
     @abstractmethod
     def parse_event(self, data: bytes) -> Event:

@@ -14,7 +14,8 @@ its stream). Whatever the legs do, the splicer (``gemini_splice``) keeps:
 - exactly one ``finishReason``, on the last chunk, with ``usageMetadata`` summed over
   legs (every field kept); every chunk with content parts;
 - on failure, Google's error object ``{"error": {"code", "message", "status"}}``, raw
-  and in one write, which both the Python and the JS SDK raise on; never a clean end.
+  and in a write of its own after a short pause (``error_pause``), which both the Python
+  and the JS SDK raise on; never a clean end.
 
 A stream that ends without ``finishReason`` is an interruption (the SDK would take it
 as a short answer). An in-band error (a ``data:`` event, or Google's raw error object
@@ -107,6 +108,10 @@ class GeminiAdapter(Adapter):
     path = ":streamGenerateContent"
     turns = "contents"
     keepalive = b""  # nothing but data events: see the module docstring
+    # The JS SDK raises on the error object only when one read holds it alone: written
+    # after a pause, it arrives so wherever the client keeps up (else it still fails the
+    # stream, as "Incomplete JSON segment", never a clean end).
+    error_pause = 0.1
 
     def parse_event(self, data: bytes) -> Event:
         return parse_event(data)

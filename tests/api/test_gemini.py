@@ -10,6 +10,7 @@ object at the end and no ``finishReason``.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -224,6 +225,26 @@ def test_a_fatal_error_ends_with_google_error_object_that_the_sdk_raises(
     with pytest.raises(errors.ClientError) as raised:
         sdk_text(sdk, model.replace("seed=630", "seed=631"))
     assert raised.value.code == 400
+
+
+def test_the_error_object_arrives_alone_in_a_read(recovering: RunningGateway) -> None:
+    """Gemini's JS SDK (inside Gemini CLI) raises on the error object only when one read
+    holds it alone: it goes out after a pause, in a write of its own."""
+    body = orjson.dumps({"contents": [{"role": "user", "parts": [{"text": "Tell me."}]}]})
+    path = STREAM.format("chaos:text=30,seed=636,fault=error_fatal,at=9")
+    host, port = recovering.url.removeprefix("http://").split(":")
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: {host}\r\nx-goog-api-key: k\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    reads = []
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head.encode() + body)
+        while data := conn.recv(65536):
+            reads.append(data)
+    (alone,) = [read for read in reads if b'{"error"' in read]
+    assert b"data: " not in alone and reads.index(alone) > 0
 
 
 def test_a_spent_retry_budget_ends_with_an_error_never_a_clean_end(
