@@ -276,11 +276,23 @@ def ends_in_tool_results(body: dict[str, Any]) -> bool:
     """Whether a request's conversation ends with the results of the tools the model
     called (chat's ``tool`` message, a Responses ``function_call_output`` item, a Messages
     ``tool_result`` block): a new turn, not a continuation, which a model answers in
-    text, having what it asked for. So an agent's tool loop ends."""
+    text, having what it asked for. So an agent's tool loop ends. A continuation of
+    that answer (a prefill of it, or it and a prompt to go on) is still that answer."""
     messages = turns(body)
-    if not messages or not isinstance(messages[-1], dict):
+    if not messages:
         return False
-    last = messages[-1]
+    if _tool_results(messages[-1]):
+        return True
+    if _role(messages[-1]) == "assistant" and len(messages) >= 2:
+        return _tool_results(messages[-2])
+    if len(messages) >= 3 and _role(messages[-2]) == "assistant":
+        return _role(messages[-1]) == "user" and _tool_results(messages[-3])
+    return False
+
+
+def _tool_results(last: Any) -> bool:
+    if not isinstance(last, dict):
+        return False
     kind = last.get("type")
     if _role(last) == "tool" or (isinstance(kind, str) and kind.endswith("_call_output")):
         return True

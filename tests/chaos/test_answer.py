@@ -160,3 +160,21 @@ def test_in_band_errors_have_the_documented_shape() -> None:
     }
     fatal = orjson.loads(IN_BAND_ERRORS["error_fatal"])["error"]
     assert (fatal["type"], fatal["code"]) == ("invalid_request_error", "content_policy_violation")
+
+
+def test_an_answer_after_tool_results_is_answered_in_text_when_continued_too() -> None:
+    from gateway.chaos.answer import ends_in_tool_results
+
+    asked = [
+        {"role": "user", "content": "Look it up."},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "c", "content": "sunny"},
+    ]
+    partial = {"role": "assistant", "content": "It is"}
+    go_on = {"role": "user", "content": "Your previous message was cut off. Continue it."}
+    assert ends_in_tool_results({"messages": asked})
+    assert ends_in_tool_results({"messages": [*asked, partial]})  # a prefill of the answer
+    assert ends_in_tool_results({"messages": [*asked, partial, go_on]})  # prompt mode
+    fresh = [{"role": "user", "content": "Hi"}, partial, go_on]
+    assert not ends_in_tool_results({"messages": fresh})
+    assert not ends_in_tool_results({"messages": asked[:1]})
