@@ -34,7 +34,7 @@ SOCKETS = ("codex-ws", "codex-builtin")
 # overloaded mid-answer, finished on Bedrock.
 SCENARIOS = {"codex": 1 + 2 * 5, "codex-ws": 1 + 2 * 5, "codex-builtin": 1 + 2 * 5}
 SCENARIOS["claude"] = 1 + 2 * 6
-SCENARIOS["gemini"] = 1 + 2 * 8
+SCENARIOS["gemini"] = 1 + 2 * 8 + 1  # and an answer refused mid-way, surfaced
 
 pytestmark = pytest.mark.skipif(
     shutil.which("node") is None or shutil.which("npm") is None,
@@ -59,6 +59,8 @@ def test_agent_clis_get_the_fault_free_answer_and_their_next_turn_is_accepted() 
             if run["scenario"].endswith("next turn"):
                 # On a socket, a new Codex process warms it up first (no model call).
                 assert run["agent_requests"] == (2 if agent in SOCKETS else 1)
+            elif run["scenario"].endswith("surfaced"):  # refused: no retry, the turn ends
+                assert run["agent_requests"] == run["upstream_requests"] == 1
             else:  # the fault reached the gateway, which made one more upstream request
                 assert run["upstream_requests"] == clean["upstream_requests"] + 1
                 assert run["agent_requests"] == clean["agent_requests"]

@@ -543,7 +543,34 @@ def check(agent: str, agents: Agents, servers: Servers) -> bool:
         returned = sent_back(agent, request) >= 2  # both of the first turn's responses
         report(agent, f"{name}, next turn", second.ok and accepted and returned, second, 1)
         passed = passed and first.ok and same and second.ok and accepted and returned
+    if agent == "gemini":
+        passed = surfaced(servers, run_turn, run, transcript, answer, clean) and passed
     return passed
+
+
+def surfaced(
+    servers: Servers,
+    run_turn: Callable[..., Turn],
+    run: Callable[..., tuple[int, str, str]],
+    transcript: Callable[[str], tuple[list[Any], str]],
+    answer: str,
+    clean: Turn,
+) -> bool:
+    """An answer the gateway cannot complete (the upstream refuses it mid-answer, a 400):
+    Gemini CLI raises the error the stream ends with and ends the turn on it, as against
+    Google: one request (no retry of its own), an exit status that says so, the text it
+    had printed once, never a success."""
+    model = f"{answer},fault=error_fatal,at=25,times=1"
+    result = run_turn(servers, run, transcript, model)
+    printed = "".join(item[1] for item in result.transcript if item[0] == "text")
+    whole = "".join(item[1] for item in clean.transcript if item[0] == "text")
+    # ``detail`` is the last line of its stderr when its exit status is not 0.
+    failed = not result.final and bool(result.detail)
+    ok = failed and result.requests == 1 and bool(printed) and whole.startswith(printed)
+    if not ok:
+        result.detail = f"printed {printed!r}: {result.detail}"
+    report("gemini", "refused mid-answer, surfaced", ok, result, 1)
+    return ok
 
 
 def report(agent: str, scenario: str, ok: bool, result: Turn, upstream: int) -> None:
