@@ -15,6 +15,17 @@ A run is stored as three parts, all keyed by the run id:
 Text, reasoning and completed tool calls are not stored twice: the protocol's
 adapter (``gateway.protocols``, named in the record) rebuilds them from the log,
 exactly as the client assembled them (``Adapter.replay``).
+
+Records and states carry their **format** (``version``, ``FORMAT``), because replicas
+of two releases share one store while a Deployment rolls. The format is raised only
+by a change an older reader would misread (a field whose meaning changes, one it
+cannot do without removed); adding a field does not raise it. So every reader reads
+the previous release's records and the next release's: fields it does not know are
+ignored, fields missing are defaulted (``None``, ``0``, empty), and a record without
+``version`` (every release before formats were numbered) is format 1. A record of a
+format newer than ``FORMAT``, or one whose fields have the wrong types, is refused
+with ``RunUnreadable`` (503, ``run_unreadable``), logged, never half-read: a replica of
+the release that wrote it can resume the run. docs/operations.md, "Upgrading".
 """
 
 from __future__ import annotations
@@ -22,13 +33,32 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-from dataclasses import dataclass, field, fields
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 
+from gateway.errors import ServiceUnavailable
+
 Status = Literal["running", "done", "failed", "detached"]
 FINAL_STATUSES = frozenset({"done", "failed"})
+
+# The record format this release writes and the newest it reads. Raise it only for a
+# change the previous release would misread, and then write the old format for one
+# release more (docs/operations.md, "Upgrading"); a new field never raises it.
+FORMAT = 1
+
+logger = logging.getLogger("gateway.checkpoint")
+
+
+class RunUnreadable(ServiceUnavailable):
+    """A stored run this replica's release cannot continue: a record format or a
+    protocol it does not know (a later release wrote it), or fields of the wrong type.
+    A replica of the release that wrote it can; retrying may reach one."""
+
+    code = "run_unreadable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +72,25 @@ class RunRecord:
     query: str = ""  # the client's query string, which every leg's request carries
     fallbacks: list[str] | None = None  # the request's ``fallbacks`` field, if it had one
     trace: str | None = None  # the run span's W3C traceparent, when traced: a takeover links it
+    version: int = FORMAT  # the record's format (absent: 1)
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively, fast
 
     @classmethod
     def decode(cls, raw: bytes) -> RunRecord:
-        return cls(**_known(cls, orjson.loads(raw)))
+        """A record of this format, the previous or the next (unknown fields ignored,
+        missing ones defaulted); ``RunUnreadable`` for a newer format or wrong types."""
+        data = _read("record", raw, _RECORD)
+        return cls(**data)
 
 
 @dataclass(frozen=True, slots=True)
 class InFlightCall:
     """A tool call begun and not complete: never sent to the client."""
 
-    name: str
-    arguments: str
+    name: str = ""  # read as "unnamed tool" by a takeover
+    arguments: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +108,18 @@ class RunState:
     tool_calls: int = 0
     cause: str | None = None  # the last interruption, if any
     updated: float = 0.0  # unix time
+    version: int = FORMAT  # the state's format (absent: 1)
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively, fast
 
     @classmethod
     def decode(cls, raw: bytes) -> RunState:
-        data = _known(cls, orjson.loads(raw))
-        data["in_flight"] = [InFlightCall(**call) for call in data.get("in_flight", [])]
+        """As ``RunRecord.decode``; the calls in flight read as tolerantly."""
+        data = _read("state", raw, _STATE)
+        data["in_flight"] = [
+            InFlightCall(**_fields("state.in_flight", call, _CALL)) for call in data["in_flight"]
+        ]
         return cls(**data)
 
 
@@ -131,11 +169,125 @@ class Applied(enum.IntEnum):
     UNREPLICATED = 4
 
 
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` without the fields ``cls`` does not have: a record or state a later
-    version wrote (a rolling update) is read by this one."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+# -- reading any release's records -------------------------------------------------------
+#
+# Each stored field: a check of its JSON value and its default when missing or null
+# (``_REQUIRED``: a record without it cannot be continued). Fields not listed (a later
+# release's) are ignored. A field added to a dataclass above is added here too (a test
+# compares them).
+
+_REQUIRED: Any = object()
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, float)
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _by_leg(value: Any) -> bool:
+    """``{"<leg number>": {...}}``: usage, or estimates, per leg."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, dict)
+        for k, v in value.items()
+    )
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+Schema = Mapping[str, tuple[Callable[[Any], bool], Any]]
+
+_RECORD: Schema = {
+    "run_id": (_is_str, ""),
+    "owner": (_is_str, _REQUIRED),  # without it, nobody could resume the run
+    "route": (_is_str, ""),
+    "body": (_is_object, _REQUIRED),  # the request every leg continues
+    "created": (_is_number, 0.0),
+    "protocol": (_is_str, "chat"),
+    "query": (_is_str, ""),
+    "fallbacks": (_is_strings, None),
+    "trace": (_is_str, None),
+    "version": (_is_int, 1),
+}
+_STATE: Schema = {
+    "seq": (_is_int, 0),
+    "status": (_is_str, "running"),
+    "leg": (_is_int, 0),
+    "splice_leg": (_is_int, 0),
+    "usage_by_leg": (_by_leg, {}),
+    "estimated_by_leg": (_by_leg, {}),
+    "in_flight": (_is_list, []),
+    "text_chars": (_is_int, 0),
+    "reasoning_chars": (_is_int, 0),
+    "tool_calls": (_is_int, 0),
+    "cause": (_is_str, None),
+    "updated": (_is_number, 0.0),
+    "version": (_is_int, 1),
+}
+_CALL: Schema = {"name": (_is_str, ""), "arguments": (_is_str, "")}
+
+
+def _read(kind: str, raw: bytes, schema: Schema) -> dict[str, Any]:
+    """A stored record or state as this release's fields; refused if of a newer format."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    fields = _fields(kind, data, schema)
+    if fields["version"] > FORMAT:
+        logger.warning(
+            "a run's checkpoint is of a newer format than this release reads",
+            extra={"run_id": fields.get("run_id"), "format": fields["version"], "reads": FORMAT},
+        )
+        raise RunUnreadable(
+            f"This run was checkpointed by a later release of the gateway in a format "
+            f"(the {kind}'s version {fields['version']}) that this replica, which reads "
+            f"formats up to {FORMAT}, cannot continue; a replica of that release can: "
+            "resume it again there."
+        )
+    return fields
+
+
+def _fields(kind: str, data: Any, schema: Schema) -> dict[str, Any]:
+    """``data``'s fields named in ``schema``, checked, the missing ones defaulted."""
+    if not isinstance(data, dict):
+        raise _unreadable(kind, "it is not a JSON object")
+    fields: dict[str, Any] = {}
+    for name, (check, default) in schema.items():
+        value = data.get(name)
+        if value is None:
+            if default is _REQUIRED:
+                raise _unreadable(kind, f"it has no {name!r}")
+            value = default.copy() if isinstance(default, dict | list) else default
+        elif not check(value):
+            raise _unreadable(kind, f"its {name!r} is {type(value).__name__} {value!r:.60}")
+        fields[name] = value
+    return fields
+
+
+def _unreadable(kind: str, why: str) -> RunUnreadable:
+    logger.warning("a run's checkpoint cannot be read", extra={"part": kind, "why": why})
+    return RunUnreadable(
+        f"This run's stored {kind} cannot be read by this replica ({why}): it was written "
+        "by a release whose format this one does not know, or damaged. A replica of the "
+        "release that wrote it may resume it."
+    )
 
 
 def owner_hash(key: bytes, credential: str | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gateway.checkpoint.model import RunUnreadable
 from gateway.protocols.base import Adapter, ClientStream
 from gateway.protocols.chat import CHAT
 from gateway.protocols.gemini import GEMINI
@@ -14,8 +15,17 @@ ADAPTERS: dict[str, Adapter] = {
 
 
 def adapter_named(name: str) -> Adapter:
-    """The adapter a checkpoint names (``RunRecord.protocol``)."""
-    return ADAPTERS[name]
+    """The adapter a checkpoint names (``RunRecord.protocol``); ``RunUnreadable`` (503)
+    for a protocol this release does not speak: a later release's run, in a rolling
+    update, which a replica of that release can resume."""
+    adapter = ADAPTERS.get(name)
+    if adapter is None:
+        raise RunUnreadable(
+            f"This run speaks a protocol ({name!r}) that this replica's release of the "
+            "gateway does not know; a replica of the release that started it can resume "
+            "it: resume it again there."
+        )
+    return adapter
 
 
 __all__ = [
