@@ -435,9 +435,11 @@ class Nemesis:
 
     def _primary(self, rng: random.Random) -> RedisServer | None:
         try:
-            return rng.choice(self.topology.primaries())
+            primary = rng.choice(self.topology.primaries())
+            self.topology.watch(primary)
         except (StopIteration, RuntimeError, IndexError):
             return None
+        return primary
 
     async def primary_pause(self, rng: random.Random) -> None:
         if not await self.healthy():

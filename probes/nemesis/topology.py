@@ -89,6 +89,9 @@ class Topology:
         """Every primary serves and has a replica in sync (a primary kill can fail over)."""
         raise NotImplementedError
 
+    def watch(self, primary: RedisServer) -> None:
+        """Before a fault to ``primary``: note what it serves, for ``failed_over``."""
+
     def failed_over(self, old: RedisServer) -> int | None:
         """The port now serving in ``old``'s place, once a failover named one."""
         raise NotImplementedError
@@ -162,6 +165,7 @@ class Cluster(Topology):
     def __init__(self, up: RedisClusterNodes, logs: Path) -> None:
         self.up = up
         self.logs = logs
+        self.watched: dict[int, int] = {}  # a primary's port -> a slot it served
 
     def data_ports(self) -> list[int]:
         return [port_of(n) for n in self.up.nodes]
@@ -193,15 +197,21 @@ class Cluster(Topology):
                 return False
         return True
 
+    def watch(self, primary: RedisServer) -> None:
+        for first, _, port, _ in self.up.slots():
+            if port == port_of(primary):
+                self.watched[port] = first
+
     def failed_over(self, old: RedisServer) -> int | None:
+        slot = self.watched.get(port_of(old))
         try:
             slots = self.up.slots()
         except RuntimeError:
             return None
-        served = {p for _, _, p, _ in slots}
-        if port_of(old) in served:
-            return None
-        return next(iter(served - {port_of(n) for n in self.up.nodes if n is old}), None)
+        for first, last, port, _ in slots:
+            if slot is not None and first <= slot <= last:
+                return port if port != port_of(old) else None
+        return None
 
     def restart_as_replica(self, old: RedisServer, new_port: int) -> None:
         # Its nodes.conf names its id and epoch: it rejoins, sees the promoted node's
