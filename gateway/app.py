@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api import ops
 from gateway.api.chat import chat_completions
-from gateway.api.gemini import gemini_routes
+from gateway.api.gemini import GEMINI_MODELS, gemini_routes, model_method
 from gateway.api.messages import create_message
 from gateway.api.passthrough import list_models, passthrough
 from gateway.api.responses import create_response, retrieve_response
@@ -119,7 +119,8 @@ ERROR_HANDLERS: dict[type[Exception], ErrorHandler] = {
 class GatewayApp(Starlette):
     """Starlette, with a short way in for the model calls.
 
-    ``POST`` to a path in ``direct`` (chat completions, responses, messages) goes
+    ``POST`` to a path in ``direct`` (chat completions, responses, messages), or under a
+    prefix of ``direct_prefixes`` (Gemini's models), goes
     straight to its endpoint under the ``Observer``: not through Starlette's error
     and exception middleware, router and endpoint wrapper, each of which costs every
     request a few calls and wraps ``send`` once more, which every relayed chunk then
@@ -129,17 +130,36 @@ class GatewayApp(Starlette):
     """
 
     def __init__(
-        self, *, direct: Mapping[str, Endpoint], metrics: Metrics, content: bool, **kwargs: Any
+        self,
+        *,
+        direct: Mapping[str, Endpoint],
+        direct_prefixes: Mapping[str, Endpoint] | None = None,
+        metrics: Metrics,
+        content: bool,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._direct = direct
+        # Paths that name their model (Gemini's /v1beta/models/{model}:method), by prefix.
+        self._prefixes = tuple((direct_prefixes or {}).items())
         self._observed = Observer(self._serve_direct, metrics, content=content)
 
+    def _direct_endpoint(self, path: str) -> Endpoint | None:
+        endpoint = self._direct.get(path)
+        if endpoint is None:
+            for prefix, by_prefix in self._prefixes:
+                if path.startswith(prefix):
+                    return by_prefix
+        return endpoint
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self._direct:
-            scope["app"] = self
-            await self._observed(scope, receive, send)
-            return
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self._direct_endpoint(scope["path"])
+            if endpoint is not None:
+                scope["app"] = self
+                scope["endpoint"] = endpoint
+                await self._observed(scope, receive, send)
+                return
         if scope["type"] == "websocket":  # the Responses API's, or a 426 (api/responses_ws.py)
             scope["app"] = self
             await serve_socket(scope, receive, send)
@@ -149,7 +169,7 @@ class GatewayApp(Starlette):
     async def _serve_direct(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         try:
-            response = await self._direct[scope["path"]](request)
+            response = await scope["endpoint"](request)
         except Exception as exc:
             handler = next(ERROR_HANDLERS[t] for t in type(exc).__mro__ if t in ERROR_HANDLERS)
             if handler is _unexpected_error:  # logged by it; and in the request's line
@@ -195,6 +215,7 @@ def create_app(config: GatewayConfig, metrics: Metrics | None = None) -> Starlet
             "/v1/responses": create_response,
             "/v1/messages": create_message,
         },
+        direct_prefixes=dict.fromkeys(GEMINI_MODELS, model_method),
         metrics=metrics,
         content=config.logging.content,
         routes=routes,

@@ -32,6 +32,8 @@ from gateway.protocols import GEMINI
 from gateway.upstream.target import relay_query
 
 VERSIONS = ("v1", "v1beta", "v1alpha")
+# Where a POST names a model and a method: the app serves these without the router.
+GEMINI_MODELS = tuple(f"/{version}/models/" for version in VERSIONS)
 STREAM, GENERATE = "streamGenerateContent", "generateContent"
 
 
@@ -53,9 +55,13 @@ def key_to_header(request: Request) -> None:
 
 
 async def model_method(request: Request) -> Response:
-    """``POST /{version}/models/{model}:{method}``."""
+    """``POST /{version}/models/{model}:{method}`` (routed, or straight from the app for
+    less per streamed chunk: ``GatewayApp``): the model is the path's last segment."""
     key_to_header(request)
-    model, _, method = request.path_params["target"].rpartition(":")
+    target = request.scope["path"].rpartition("/models/")[2]
+    if "/" in target:
+        raise NotFound(f"Unknown path {request.url.path}.")
+    model, _, method = target.rpartition(":")
     if method in (STREAM, GENERATE) and model:
         return await _generate(request, model, stream=method == STREAM)
     return await _pass(request, model, method)

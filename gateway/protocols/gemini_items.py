@@ -20,6 +20,7 @@ SIGNATURE = "thoughtSignature"
 # What a response says of itself, besides its candidates and usage: kept from the first
 # leg, so every chunk the client gets names one response.
 IDENTITY_FIELDS = ("responseId", "modelVersion", "createTime")
+_PLAIN = frozenset({"text", "thought"})  # a part of text alone, merged into the last
 
 
 class GeminiAccumulator(RunAccumulator):
@@ -38,8 +39,21 @@ class GeminiAccumulator(RunAccumulator):
         # The upstream kind whose leg produced each part (None: not known, a takeover's
         # replay): a signature goes back only to the provider that made it.
         self.origins: list[str | None] = []
-        self.candidate: dict[str, Any] = {}  # the candidate's other fields, last seen
+        # The last candidate the client was sent parts of: its other fields (safety
+        # ratings, citations…) go on a chunk the gateway writes itself, and the answer.
+        self.last_candidate: dict[str, Any] = {}
         self.prompt_feedback: Any = None
+
+    @property
+    def candidate(self) -> dict[str, Any]:
+        """The last candidate's fields, but its content and finish."""
+        return {
+            k: v for k, v in self.last_candidate.items() if k not in ("content", "finishReason")
+        }
+
+    @property
+    def has_parts(self) -> bool:
+        return bool(self._parts)
 
     @property
     def parts(self) -> list[dict[str, Any]]:
@@ -68,7 +82,7 @@ class GeminiAccumulator(RunAccumulator):
                 and (last.get("thought") is True) == thought
                 and SIGNATURE not in last
                 and self.origins[-1] == origin
-                and part.keys() <= {"text", "thought"}
+                and part.keys() <= _PLAIN
             ):
                 self._texts.setdefault(index, [last["text"]]).append(text)
                 return

@@ -83,12 +83,12 @@ class GeminiSplicer(Legs):
         candidate = candidates[0]
         content = candidate.get("content")
         parts = content.get("parts") if type(content) is dict else None
-        kept, changed = self._parts(parts if type(parts) is list else [])
+        kept, changed, calls = self._parts(parts if type(parts) is list else [])
         reason = candidate.get("finishReason")
         if type(reason) is str and reason:
             data = chunk.data if self.leg == 0 and not changed else None
             return self._finish(obj, candidate, kept, reason, data)
-        if any("functionCall" in part for part in kept):
+        if calls:
             self._held += kept  # until the next chunk that says something, or the end
             return None
         if not kept:
@@ -99,11 +99,12 @@ class GeminiSplicer(Legs):
         self._record(kept, candidate)
         return self._render(obj, kept, chunk.data if self.leg == 0 and not changed else None)
 
-    def _parts(self, parts: list[Any]) -> tuple[list[dict[str, Any]], bool]:
-        """The parts of an upstream chunk as the client gets them; whether any changed."""
+    def _parts(self, parts: list[Any]) -> tuple[list[dict[str, Any]], bool, bool]:
+        """The parts of an upstream chunk as the client gets them; whether any changed;
+        whether it holds a call."""
         kept: list[dict[str, Any]] = []
-        changed = False
-        later = self.leg > 0 and bool(self.sent.parts)
+        changed = calls = False
+        later = self.leg > 0 and self.sent.has_parts
         for part in parts:
             if type(part) is not dict:
                 changed = True
@@ -118,7 +119,7 @@ class GeminiSplicer(Legs):
                     continue
             elif type(part.get("functionCall")) is dict:
                 part, renamed = self._call(part)
-                changed = changed or renamed
+                changed, calls = changed or renamed, True
             elif type(text) is str and self.seam is not None:
                 trimmed = self.seam.feed(text)
                 if trimmed != text:
@@ -127,7 +128,7 @@ class GeminiSplicer(Legs):
                         continue
                     part = part | {"text": trimmed}
             kept.append(part)
-        return kept, changed
+        return kept, changed, calls
 
     def _call(self, part: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """A call as the client gets it: an ``id`` (where the upstream gives one) that no
@@ -172,9 +173,7 @@ class GeminiSplicer(Legs):
         sent, origin = self.sent, self.sent.origin
         for part in parts:
             sent.record(part, origin)
-        sent.candidate = {
-            k: v for k, v in candidate.items() if k not in ("content", "finishReason")
-        }
+        sent.last_candidate = candidate
 
     def synthesize_tool_use(self) -> bytes:
         """End the answer with the calls the client has, and those held (whole)."""
