@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from typing import Any
-
-from bench.procs import free_ports
 
 READ = 65536
 
@@ -71,16 +70,16 @@ class Rewriter:
 class Link:
     """One listening port forwarding to one Redis endpoint, for one gateway replica."""
 
-    def __init__(self, switch: asyncio.Event, target: int, listen: int) -> None:
+    def __init__(self, switch: asyncio.Event, target: int, listen: socket.socket) -> None:
         self.switch = switch  # set: forwarding; clear: blackholed
         self.target = target
-        self.listen = listen
+        self.listen = listen  # bound already: no other process can take its port meanwhile
         self.rewrites: dict[bytes, bytes] = {}
         self.server: asyncio.Server | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", self.listen)
+        self.server = await asyncio.start_server(self._accept, sock=self.listen)
 
     async def close(self) -> None:
         if self.server is not None:
@@ -143,6 +142,18 @@ class Link:
             return
 
 
+def bound() -> socket.socket:
+    """A listening socket on a free 5-digit port of 127.0.0.1 (the rewrite needs 5)."""
+    while True:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        if len(str(sock.getsockname()[1])) == 5:
+            sock.listen(128)
+            sock.setblocking(False)
+            return sock
+        sock.close()
+
+
 class ReplicaProxy:
     """All the links of one gateway replica: one per Redis endpoint, one switch."""
 
@@ -151,12 +162,10 @@ class ReplicaProxy:
         self.switch = asyncio.Event()
         self.switch.set()
         every = [*data_ports, *other_ports]
-        listen = free_ports(len(every))
-        while any(len(str(p)) != 5 for p in listen):  # 5 digits, as the rewrite needs
-            listen = free_ports(len(every))
-        self.port = dict(zip(every, listen, strict=True))  # real port -> proxy port
+        sockets = [bound() for _ in every]
+        self.port = {real: s.getsockname()[1] for real, s in zip(every, sockets, strict=True)}
         rewrites = patterns({p: self.port[p] for p in data_ports})
-        self.links = [Link(self.switch, real, self.port[real]) for real in every]
+        self.links = [Link(self.switch, real, s) for real, s in zip(every, sockets, strict=True)]
         for link in self.links:
             link.rewrites = rewrites
 
