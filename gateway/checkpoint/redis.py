@@ -23,9 +23,25 @@ writes a replica did not acknowledge in time are ``UNREPLICATED``.
 
 Fencing (see ``store``): the script first compares the flush's epoch with the
 run's, and skips the whole flush when they differ; a claim sets the lease and
-raises the epoch in one script. The epoch key is written only once a run has been
-claimed, and a deleted run keeps it until it expires, so a writer that wakes up
-after the run was finished and deleted cannot bring it back either.
+raises the epoch in one script, and is acknowledged by a replica as checkpoints are
+(a claim a failover lost would leave two owners with one epoch). The epoch key is
+written only once a run has been claimed, and a deleted run keeps it until it
+expires, so a writer that wakes up after the run was finished and deleted cannot
+bring it back either.
+
+Epochs live on the node that takes the writes, so they fence owners, not nodes. A
+node that is no longer the primary (Sentinel: a paused primary deposed while it
+slept, which wakes up still a primary) is fenced apart: every script, checkpoint or
+claim, first checks that the node that runs it is the primary the sentinels name
+now, by its replication id (``master_replid``, new on every promotion: learned with
+the primary, ``replication.py``), and refuses (``NOTPRIMARY``) otherwise. Its cost:
+one ``INFO replication`` inside the script, once per batch of checkpoints, not per
+event. On a Cluster, whose nodes learn their own demotion, the replica's
+acknowledgement is the fence: a primary that had replicas is always waited for.
+
+A checkpoint that was written but not acknowledged is sent again (the writer holds
+its events): its log entry is appended only if the stream does not have it yet, and
+a reader takes each event once (``_entries``), so a resent flush changes nothing.
 """
 
 from __future__ import annotations
@@ -41,15 +57,31 @@ from redis.exceptions import ConnectionError, MovedError
 
 from gateway.checkpoint.connect import connect
 from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
-from gateway.checkpoint.replication import STANDALONE, Command, Replicas, pipelined
+from gateway.checkpoint.replication import Command, Replicas, pipelined
 
 OWNER_KEY = "rg:owner-key"
 CLUSTER_RUN_TIMEOUT = 1.0  # seconds one run's write may take on a Cluster (the writer's: 2)
 
-# KEYS: record, events, state, lease, watch, epoch per run; ARGV: _write_args per run.
-# Returns, per run, an ``Applied``: 2 if fenced out, else whether a replica watches it.
-WRITE_SCRIPT = """
-local out = {}
+# The check every script starts with: ARGV[index] is the replication id of the primary
+# the sentinels name ('' where there are none: nothing checked).
+PRIMARY_CHECK = """
+local function is_primary(expected)
+  if expected == '' then return true end
+  local info = redis.call('INFO', 'replication')
+  return string.find(info, 'role:master', 1, true) ~= nil
+    and string.find(info, 'master_replid:' .. expected, 1, true) ~= nil
+end
+"""
+NOT_PRIMARY = "NOTPRIMARY this node is not the primary the sentinels name now"
+
+# KEYS: record, events, state, lease, watch, epoch per run; ARGV: _write_args per run,
+# then the primary's replication id (PRIMARY_CHECK). Returns, per run, an ``Applied``:
+# 2 if fenced out, else whether a replica watches it.
+WRITE_SCRIPT = (
+    PRIMARY_CHECK
+    + f"""
+if not is_primary(ARGV[#ARGV]) then return redis.error_reply('{NOT_PRIMARY}') end
+local out = {{}}
 for i = 0, #KEYS / 6 - 1 do
   local k, a = i * 6, i * 10
   local record, events, state, lease = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
@@ -66,7 +98,13 @@ for i = 0, #KEYS / 6 - 1 do
       if string.find(flags, 'r') then redis.call('DEL', events) end
       if ARGV[a + 2] ~= '' then redis.call('SET', record, ARGV[a + 2], 'PX', ttl) end
       if ARGV[a + 5] ~= '' then
-        redis.call('XADD', events, '0-' .. ARGV[a + 4], 'f', ARGV[a + 3], 'd', ARGV[a + 5])
+        -- Sent again after a write nobody acknowledged: the stream may have it already.
+        local added = redis.pcall(
+          'XADD', events, '0-' .. ARGV[a + 4], 'f', ARGV[a + 3], 'd', ARGV[a + 5])
+        if type(added) == 'table' and added.err
+          and not string.find(added.err, 'equal or smaller', 1, true) then
+          return added
+        end
       end
       if string.find(flags, 'e') then
         redis.call('PEXPIRE', record, ttl)
@@ -85,12 +123,17 @@ for i = 0, #KEYS / 6 - 1 do
 end
 return out
 """
+)
 
-# KEYS: state, lease, epoch; ARGV: claim (unique to this claim), lease ms. The run's new
-# epoch, or nil when the lease is held or the run is not stored. Idempotent: a claim sent
-# again (its reply was lost, and redis-py retried it) finds its own lease and gets the
-# epoch it raised, instead of losing to itself.
-CLAIM_SCRIPT = """
+# KEYS: state, lease, epoch; ARGV: claim (unique to this claim), lease ms, the primary's
+# replication id (PRIMARY_CHECK). The run's new epoch, or nil when the lease is held or
+# the run is not stored. Idempotent: a claim sent again (its reply was lost, and
+# redis-py retried it) finds its own lease and gets the epoch it raised, instead of
+# losing to itself.
+CLAIM_SCRIPT = (
+    PRIMARY_CHECK
+    + f"""
+if not is_primary(ARGV[3]) then return redis.error_reply('{NOT_PRIMARY}') end
 local held = redis.call('GET', KEYS[2])
 if held == ARGV[1] then return tonumber(redis.call('GET', KEYS[3])) end
 if held or redis.call('EXISTS', KEYS[1]) == 0 then return false end
@@ -100,6 +143,7 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
 return epoch
 """
+)
 
 
 def _write_args(f: Flush) -> list[bytes | str | int]:
@@ -173,6 +217,8 @@ async def _reread(cluster: RedisCluster) -> None:
 
 
 def _entries(raw: list[Any], after: int) -> list[tuple[int, bytes]]:
+    """The events of log entries after ``after``, each once: an entry sent again after a
+    write nobody acknowledged may repeat events an earlier entry has."""
     out = []
     for entry_id, fields in raw:
         last = int(entry_id.split(b"-")[1])
@@ -180,6 +226,7 @@ def _entries(raw: list[Any], after: int) -> list[tuple[int, bytes]]:
         for seq, event in enumerate(split_events(fields[b"d"]), first):
             if seq > after and seq <= last:
                 out.append((seq, event))
+                after = seq
     return out
 
 
@@ -209,6 +256,12 @@ class RedisStore:
     def waits(self) -> bool:
         """Whether writes may wait for replicas (the writer allows for it)."""
         return self._replicas.waits
+
+    @property
+    def primary_changes(self) -> int:
+        """Primaries replaced so far (Sentinel): the writer rewrites its runs whole on a
+        new one, which may not have had their last writes."""
+        return self._replicas.changes
 
     async def ping(self) -> None:
         """Raise unless Redis can serve every run now.
@@ -252,8 +305,8 @@ class RedisStore:
             raise
 
     async def _write(self, flushes: Sequence[Flush]) -> list[Applied]:
-        if self.waits:
-            await self._replicas.learn(self._redis, self._reread_all)
+        replicas = self._replicas
+        await replicas.learn(self._redis, self._reread_all)
         if isinstance(self._redis, RedisCluster):
             if self.waits:
                 return await self._write_by_primary(self._redis, flushes)
@@ -269,22 +322,26 @@ class RedisStore:
         for f in flushes:
             keys.extend(_keys(f.run_id))
             args.extend(_write_args(f))
+        args.append(replicas.replid)  # the primary the sentinels name, checked there
         # The whole batch in one command: redis-py spends ~30 µs per command it
         # packs and parses, so six commands per run would cost more than Redis.
-        replicas = self._replicas
-        required = replicas.required(STANDALONE)
+        primary = replicas.primary
+        required = replicas.required(primary)
         if not required:
             return [Applied(applied) for applied in await self._write_script(keys, args)]
         (replies,), acked = await pipelined(
             self._pipeline,
             self._load_script,
             [("EVALSHA", self._write_script.sha, len(keys), *keys, *args)],
-            ("WAIT", required, replicas.wait_ms(STANDALONE)),
+            ("WAIT", required, replicas.wait_ms(primary)),
         )
         for reply in (replies, acked):
             if isinstance(reply, Exception):
                 raise reply
-        return _replicated(replies, replicas.acknowledged(STANDALONE, acked, required))
+        replicated = replicas.acknowledged(primary, acked, required)
+        if not replicated:
+            replicas.soon()  # no replica answered: is this node still the primary?
+        return _replicated(replies, replicated)
 
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
         """``commands`` on one connection; a failed command's reply is its exception."""
@@ -334,21 +391,13 @@ class RedisStore:
         replicas = self._replicas
         required = replicas.required(node.name)
 
-        async def execute(commands: list[Command]) -> list[Any]:
-            piped = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
-            await node.execute_pipeline(piped)
-            return [command.result for command in piped]
-
-        async def load_script() -> None:
-            await node.execute_command("SCRIPT", "LOAD", WRITE_SCRIPT)
-
         wait = ("WAIT", required, replicas.wait_ms(node.name)) if required else None
         scripts = [
-            ("EVALSHA", self._write_script.sha, 6, *_keys(f.run_id), *_write_args(f))
+            ("EVALSHA", self._write_script.sha, 6, *_keys(f.run_id), *_write_args(f), "")
             for f in flushes
         ]
         async with asyncio.timeout(CLUSTER_RUN_TIMEOUT + (replicas.wait_timeout if wait else 0)):
-            replies, acked = await pipelined(execute, load_script, scripts, wait)
+            replies, acked = await self._on_node(node, scripts, wait, WRITE_SCRIPT)
         if any(isinstance(r, MovedError) for r in replies):
             self._reread_slots(self._redis)  # the slots moved (a failover): learn where
         if not required:
@@ -356,6 +405,8 @@ class RedisStore:
         if isinstance(acked, Exception):
             raise acked
         replicated = replicas.acknowledged(node.name, acked, required)
+        if not replicated:
+            replicas.soon()  # no replica answered: has the Cluster failed this node over?
         return [
             a if a is Applied.FAILED else _replicated([a], replicated)[0] for a in _per_run(replies)
         ]
@@ -374,7 +425,7 @@ class RedisStore:
         """One run's flush on a Cluster, bounded: a primary that does not answer (a
         blackholed node) fails this run, not the whole batch at the writer's timeout."""
         async with asyncio.timeout(CLUSTER_RUN_TIMEOUT):
-            return await self._write_script(_keys(flush.run_id), _write_args(flush))
+            return await self._write_script(_keys(flush.run_id), [*_write_args(flush), ""])
 
     async def load(self, run_id: str) -> Checkpoint | None:
         record, events, state, *_ = _keys(run_id)
@@ -411,9 +462,57 @@ class RedisStore:
         return None if run_id is None else bytes(run_id).decode()
 
     async def claim(self, run_id: str, claim: str, ttl: float) -> int | None:
-        _, _, state, lease, _, epoch = _keys(run_id)
-        claimed = await self._claim_script([state, lease, epoch], [claim, int(ttl * 1000)])
-        return None if claimed is None else int(claimed)
+        """Claim the run (its lease, a new epoch), acknowledged by a replica where writes
+        are: a claim a failover lost would leave two owners of one epoch. Raises
+        ``ConnectionError`` when no replica acknowledged it in time (the resumer asks
+        again, a while: ``Resumes``)."""
+        replicas = self._replicas
+        await replicas.learn(self._redis, self._reread_all)
+        _, _, state, lease, _, epoch = keys = _keys(run_id)
+        node: ClusterNode | None = None
+        primary, check = replicas.primary, replicas.replid
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.initialize()
+            node = self._redis.get_node_from_key(state)
+            if node is None:
+                raise ConnectionError(f"no Cluster primary serves run {keys[0]!r} now")
+            primary, check = node.name, ""
+        claim_args = [claim, int(ttl * 1000), check]
+        required = replicas.required(primary)
+        if not required:
+            claimed = await self._claim_script([state, lease, epoch], claim_args)
+            return None if claimed is None else int(claimed)
+        script = ("EVALSHA", self._claim_script.sha, 3, state, lease, epoch, *claim_args)
+        wait = ("WAIT", required, replicas.wait_ms(primary))
+        if node is None:
+            (reply,), acked = await pipelined(self._pipeline, self._load_claim, [script], wait)
+        else:
+            (reply,), acked = await self._on_node(node, [script], wait, CLAIM_SCRIPT)
+        for answer in (reply, acked):
+            if isinstance(answer, Exception):
+                raise answer
+        if not replicas.acknowledged(primary, acked, required):
+            replicas.soon()
+            raise ConnectionError(f"no replica acknowledged the claim of run {keys[0]!r}")
+        return None if reply is None else int(reply)
+
+    async def _load_claim(self) -> None:
+        await self._redis.script_load(CLAIM_SCRIPT)
+
+    async def _on_node(
+        self, node: ClusterNode, scripts: list[Command], wait: Command | None, source: str
+    ) -> tuple[list[Any], Any]:
+        """``scripts`` and ``wait`` in one pipeline on a Cluster ``node`` (``pipelined``)."""
+
+        async def execute(commands: list[Command]) -> list[Any]:
+            piped = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+            await node.execute_pipeline(piped)
+            return [command.result for command in piped]
+
+        async def load_script() -> None:
+            await node.execute_command("SCRIPT", "LOAD", source)
+
+        return await pipelined(execute, load_script, scripts, wait)
 
     async def watch(self, run_id: str, ttl: float) -> None:
         await self._redis.set(_keys(run_id)[4], b"1", px=int(ttl * 1000))

@@ -13,8 +13,14 @@ the new primary and nothing a client has was lost. Then they go out unprotected
 (``LocalRun.unflushed``): the failure is counted, and one warning is logged for
 the whole outage. The first write after an outage rewrites each run whole
 (record and full log), because a restarted or promoted Redis may have lost what
-it had. A write that no replica acknowledged in time (``Applied.UNREPLICATED``)
-releases its events too, counted apart.
+it had; so does the first write to a new primary (a Sentinel failover).
+
+A write that no replica acknowledged in time (``Applied.UNREPLICATED``) is not
+acknowledged: its events wait as through a failure, and the write is sent again
+(the store takes it again without harm), until a replica acknowledges it or
+``unprotected_after`` has passed; then they go out, counted apart. A primary that
+lost its replicas, or a deposed one that woke up still a primary, is so never
+trusted with what a client will read; the hold is what a lagging replica costs.
 
 Every write renews the writer's leases on its runs; runs with nothing new get a
 heartbeat write every third of the lease TTL, so a silent owner is a dead one.
@@ -36,6 +42,8 @@ from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.metrics import Metrics
 
 logger = logging.getLogger("gateway.checkpoint")
+
+RESEND = 0.05  # seconds before an unacknowledged write is sent again
 
 
 class Checkpointed(Protocol):
@@ -78,6 +86,7 @@ class CheckpointWriter:
         self._owned: dict[str, Checkpointed] = {}  # runs whose lease this writer renews
         self._next_heartbeats = 0.0  # loop time of the next scan for runs due a heartbeat
         self._rewrite: set[str] = set()  # runs whose last write failed alone (Applied.FAILED)
+        self._primaries = 0  # primaries the store has had (its primary_changes)
         self._written_ok = metrics.checkpoint_writes.labels("ok")
         self._unreplicated = metrics.checkpoint_writes.labels("unreplicated")
         self._wake = asyncio.Event()
@@ -170,6 +179,9 @@ class CheckpointWriter:
         batch = list(self._due.values())
         self._due.clear()
         started = time.perf_counter()
+        # A failure's hold counts from here: a store that hangs until the timeout has
+        # held these events since the write began, not since it gave up.
+        began = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(self._timeout):
                 key = await self.owner_key()
@@ -182,10 +194,10 @@ class CheckpointWriter:
             self._metrics.checkpoint_writes.labels("error").inc(len(batch))
             now = asyncio.get_running_loop().time()
             if self.healthy:
-                self._outage = now
+                self._outage = began
             for run in batch:
                 self._due.setdefault(run.id, run)
-                self._failed(run, now)
+                self._failed(run, began, now)
             if self.healthy:
                 self.healthy = False
                 logger.warning(
@@ -199,9 +211,15 @@ class CheckpointWriter:
         if not self.healthy:
             self.healthy = True
             logger.warning("checkpoint store reachable again; checkpoints resumed")
-        written = failed = 0
+        written = failed = held = 0
         failing = bool(self._rewrite)
         now = asyncio.get_running_loop().time()
+        primaries = getattr(self.store, "primary_changes", 0)
+        if primaries != self._primaries:
+            # A new primary may not have had the last writes of any run: each is written
+            # whole at its next write (those of this batch were written to it already).
+            self._primaries = primaries
+            self._rewrite.update(self._owned.keys() - {run.id for run in batch})
         for run, flush, result in zip(batch, flushes, applied, strict=True):
             if result is Applied.FAILED:
                 # The store failed for this run alone (its Cluster primary is down): as
@@ -211,7 +229,13 @@ class CheckpointWriter:
                 failed += 1
                 self._due.setdefault(run.id, run)
                 self._rewrite.add(run.id)
-                self._failed(run, now)
+                self._failed(run, began, now)
+                continue
+            if result is Applied.UNREPLICATED and self._held(run, began, now):
+                # Not acknowledged: held as through a failure, and sent again shortly.
+                self._unreplicated.inc()
+                self._due.setdefault(run.id, run)
+                held += 1
                 continue
             self._rewrite.discard(run.id)
             self._failing.pop(run.id, None)
@@ -219,11 +243,13 @@ class CheckpointWriter:
                 self._fenced(run)
             elif result is Applied.UNREPLICATED:
                 self._unreplicated.inc()
-                run.flushed(flush, False)  # its events go out: the counted fallback
+                run.flushed(flush, False)  # held past unprotected_after: it goes out, counted
             else:
                 written += 1
                 run.flushed(flush, result is Applied.WATCHED)
         self._written_ok.inc(written)
+        if held:  # sent again soon: a replica catching up, or the store finding its primary
+            asyncio.get_running_loop().call_later(RESEND, self._wake.set)
         if failed:
             self._metrics.checkpoint_writes.labels("error").inc(failed)
             if not failing:
@@ -237,11 +263,17 @@ class CheckpointWriter:
             logger.warning("checkpoint store reachable again for every run; checkpoints resumed")
         return True
 
-    def _failed(self, run: Checkpointed, now: float) -> None:
-        """A write of ``run`` failed: what it waits for goes out once it has failed for
-        ``unprotected_after`` (a failover that ends sooner loses nothing)."""
-        if now - self._failing.setdefault(run.id, now) >= self._hold:
+    def _failed(self, run: Checkpointed, began: float, now: float) -> None:
+        """A write of ``run`` (begun at ``began``) failed: what it waits for goes out once
+        its writes have failed for ``unprotected_after`` (a failover that ends sooner
+        loses nothing)."""
+        if now - self._failing.setdefault(run.id, began) >= self._hold:
             run.unflushed()
+
+    def _held(self, run: Checkpointed, began: float, now: float) -> bool:
+        """Whether an unacknowledged write of ``run`` still holds its events: for
+        ``unprotected_after`` since its writes began to go unacknowledged."""
+        return now - self._failing.setdefault(run.id, began) < self._hold
 
     def _fenced(self, run: Checkpointed) -> None:
         self._metrics.checkpoint_writes.labels("fenced").inc()

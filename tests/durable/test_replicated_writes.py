@@ -199,13 +199,30 @@ def test_events_wait_through_a_store_failure_for_unprotected_after_then_go_out()
         store.up = True
         assert await writer.write_due()
         assert run.rewrites[-1] and run.flushed_seq == 1 and writer.protecting
-        # No replica acknowledged: written, its events go out, counted apart.
+        # No replica acknowledged: not acknowledged, so held as through a failure (a
+        # deposed primary takes writes a failover lost), sent again, counted apart.
         store.answer = Applied.UNREPLICATED
         run.add()
         writer.mark(run)
         assert await writer.write_due()
-        assert run.flushed_seq == 2
+        assert run.flushed_seq == 1 and run.unflushed_count == 1
         assert writes(metrics, "unreplicated") == 1 and writes(metrics, "ok") == 1
+        await asyncio.sleep(hold / 2)
+        assert await writer.write_due()  # sent again: still held
+        assert run.flushed_seq == 1 and writes(metrics, "unreplicated") == 2
+        await asyncio.sleep(hold / 2 + PROBE_WAIT)
+        assert await writer.write_due()  # held for unprotected_after: it goes out, counted
+        assert run.flushed_seq == 2 and writes(metrics, "unreplicated") == 3
+        store.answer = Applied.WRITTEN
+        run.add()
+        writer.mark(run)
+        assert await writer.write_due()  # acknowledged again: held again at the next one
+        assert run.flushed_seq == 3 and writes(metrics, "ok") == 2
+        store.answer = Applied.UNREPLICATED
+        run.add()
+        writer.mark(run)
+        assert await writer.write_due()
+        assert run.flushed_seq == 3
 
     asyncio.run(go())
 
