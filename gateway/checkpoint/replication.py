@@ -130,8 +130,8 @@ class Replicas:
             )
             primary = f"{host}:{port}"
             if primary != self.primary:
+                self.changes += self.primary != STANDALONE  # the first one is no change
                 self.primary, self.replid = primary, ""
-                self.changes += 1
         if self._wanted == 0 and not isinstance(pool, SentinelConnectionPool):
             return  # nothing waited for, and no failover to tell apart
         info = await asyncio.wait_for(client.info("replication"), INFO_TIMEOUT)
