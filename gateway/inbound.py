@@ -80,7 +80,10 @@ def _too_large(limit: int) -> PayloadTooLarge:
 
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
-    body = await read_body(request, limit)
+    return parse_json_object(await read_body(request, limit))
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -18,7 +18,13 @@ from gateway.api.passthrough import upstream_error_response
 from gateway.api.runs import RunStream, disconnected, errors_apart, resume_stream
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
-from gateway.inbound import credential, speaks_anthropic, speaks_gemini, trace_context
+from gateway.inbound import (
+    credential,
+    parse_json_object,
+    speaks_anthropic,
+    speaks_gemini,
+    trace_context,
+)
 from gateway.observe import CLIENT_CLOSED, RequestLog, request_log
 from gateway.protocols import Adapter
 from gateway.recovery.classify import RETRYABLE_STATUSES
@@ -59,9 +65,13 @@ async def asked(
     client_authorization = gateway.auth.authorize(request)
     resumed = request.headers.get("x-run-id")
     if resumed is not None:
-        return await resume_stream(request, gateway, resumed)
+        rest = await resume_stream(request, gateway, resumed)
+        if isinstance(rest, Response):
+            return rest
+        body = parse_json_object(rest.body)  # the client had none of it: a new run
+    else:
+        body = await gateway.read_json(request)
     query = run_query(request.scope["query_string"])
-    body = await gateway.read_json(request)
     if shape is not None:
         body = shape(body)
     return routed(gateway, adapter, body, client_authorization, started, query, label=request_log())

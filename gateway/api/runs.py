@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from typing import NamedTuple
 
 from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.requests import Request
@@ -24,7 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.context import Gateway, gateway_of
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, NotFound, ServiceUnavailable
 from gateway.inbound import credential, speaks_gemini, trace_context
 from gateway.observe import ObservedSend, request_log
 from gateway.protocols import GEMINI, Adapter
@@ -145,11 +146,26 @@ async def run_events(request: Request) -> Response:
     )
 
 
-async def resume_stream(request: Request, gateway: Gateway, run_id: str) -> Response:
-    """A ``POST`` (chat completions, responses) carrying ``x-run-id``: the rest of that run."""
-    await gateway.read_body(request)  # same limits as any request; the body is not used
+class Fresh(NamedTuple):
+    """A resume from nothing of a run that cannot be resumed here: the request's body, for
+    a new run of it (a client that holds nothing loses nothing to a fresh answer)."""
+
+    body: bytes
+
+
+async def resume_stream(request: Request, gateway: Gateway, run_id: str) -> Response | Fresh:
+    """A ``POST`` (chat completions, responses, messages, Gemini) carrying ``x-run-id``:
+    the rest of that run; or, when the client has none of it (``x-resume-from: 0``) and
+    the run is not there for it (unknown, expired, the store unavailable), ``Fresh``."""
+    raw = await gateway.read_body(request)  # same limits as any request
     after = parse_offset(request.headers.get("x-resume-from"), "x-resume-from")
-    body = await resume_run(request, gateway, run_id, after, ids=False)
+    try:
+        body = await resume_run(request, gateway, run_id, after, ids=False)
+    except (NotFound, ServiceUnavailable):
+        if after or not raw:
+            raise
+        request_log().extra.pop("run_id", None)  # a new run's, not this one's
+        return Fresh(raw)
     if body is not None and speaks_gemini(request):
         body = errors_apart(body, GEMINI)
     return RunStream(body if body is not None else no_events(), {"x-run-id": run_id})

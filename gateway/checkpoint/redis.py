@@ -251,6 +251,9 @@ class RedisStore:
         self._claim_script = self._redis.register_script(CLAIM_SCRIPT)
         self._replicas = Replicas(wait_replicas, wait_timeout)
         self._refresh: asyncio.Task[None] | None = None  # a Cluster slot map being read again
+        self._sentinel = not isinstance(self._redis, RedisCluster) and isinstance(
+            self._redis.connection_pool, SentinelConnectionPool
+        )
 
     @property
     def waits(self) -> bool:
@@ -427,13 +430,37 @@ class RedisStore:
         async with asyncio.timeout(CLUSTER_RUN_TIMEOUT):
             return await self._write_script(_keys(flush.run_id), [*_write_args(flush), ""])
 
+    async def _reading(self) -> Any:
+        """A pipeline for reads that only the primary may answer: on Sentinel it begins
+        with ``INFO replication``, which ``_read`` checks (a deposed primary, or a replica
+        a stale connection reaches, could say a run is not there, or hold writes the
+        failover lost)."""
+        pipe = self._redis.pipeline(transaction=False)
+        if self._sentinel:
+            await self._replicas.learn(self._redis, self._reread_all)
+            pipe.info("replication")
+        return pipe
+
+    async def _read(self, pipe: Any) -> list[Any]:
+        """``pipe``'s replies, without the check ``_reading`` put first (which raises
+        ``ConnectionError`` when the node that answered is not the primary)."""
+        replies: list[Any] = await pipe.execute()
+        if not self._sentinel:
+            return replies
+        info, *replies = replies
+        expected = self._replicas.replid
+        if info.get("role") != "master" or (expected and info.get("master_replid") != expected):
+            self._replicas.soon()
+            raise ConnectionError("the node that answered is not the primary the sentinels name")
+        return replies
+
     async def load(self, run_id: str) -> Checkpoint | None:
         record, events, state, *_ = _keys(run_id)
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = await self._reading()
         pipe.get(record)
         pipe.get(state)
         pipe.xrange(events, "-", "+")
-        raw_record, raw_state, entries = await pipe.execute()
+        raw_record, raw_state, entries = await self._read(pipe)
         if raw_record is None or raw_state is None:
             return None
         log = [event for _, event in _entries(entries, 0)]
@@ -443,15 +470,28 @@ class RedisStore:
         self, run_id: str, after: int, block: float = 0
     ) -> list[tuple[int, bytes]]:
         events = _keys(run_id)[1]
+        if not self._sentinel:
+            if block > 0:
+                reply = await self._redis.xread({events: f"0-{after}"}, block=int(block * 1000))
+                return _entries(reply[0][1] if reply else [], after)
+            return _entries(await self._redis.xrange(events, f"(0-{after}", "+"), after)
+        pipe = await self._reading()
         if block > 0:
-            reply = await self._redis.xread({events: f"0-{after}"}, block=int(block * 1000))
+            pipe.xread({events: f"0-{after}"}, block=int(block * 1000))
+            (reply,) = await self._read(pipe)
             raw = reply[0][1] if reply else []
         else:
-            raw = await self._redis.xrange(events, f"(0-{after}", "+")
+            pipe.xrange(events, f"(0-{after}", "+")
+            (raw,) = await self._read(pipe)
         return _entries(raw, after)
 
     async def lease_holder(self, run_id: str) -> str | None:
-        holder = await self._redis.get(_keys(run_id)[3])
+        if not self._sentinel:
+            holder = await self._redis.get(_keys(run_id)[3])
+        else:
+            pipe = await self._reading()
+            pipe.get(_keys(run_id)[3])
+            (holder,) = await self._read(pipe)
         return None if holder is None else bytes(holder).decode()
 
     async def set_alias(self, name: str, run_id: str, ttl: float) -> None:

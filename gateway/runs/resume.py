@@ -60,7 +60,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("gateway.resume")
 
 TAIL_STORE_PATIENCE = 30.0  # seconds a tail asks a failing store again (a failover)
+# Seconds a resume asks a failing store again before it answers 503: a Sentinel or
+# Cluster failover (detection, vote, promotion) is over in a few seconds.
+RESUME_STORE_PATIENCE = 10.0
 STORE_RETRY = 0.2  # seconds between those asks
+
+
+class StoreFailed(Exception):
+    """The store failed while a resume was placed: asked again, a while (``Resumes``)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,22 +153,48 @@ class Resumes:
                 run_id=run_id, after=after, headers=forwarding.trace_context
             )
         if trace is None:
-            return (await self._place(run_id, credential, after, ids, forwarding)).rest
+            return (await self._patiently(run_id, credential, after, ids, forwarding)).rest
         # A takeover's run span is the resume span's child.
         forwarding = replace(forwarding, trace_context=trace.context)
         try:
-            placed = await self._place(run_id, credential, after, ids, forwarding)
+            placed = await self._patiently(run_id, credential, after, ids, forwarding)
         except BaseException as exc:  # a refusal, the store down, a cancellation
             trace.refused(exc)
             raise
         trace.placed(placed.kind, placed.run_trace)
         return trace.follow(placed.rest)
 
+    async def _patiently(
+        self,
+        run_id: str,
+        credential: str | None,
+        after: int,
+        ids: bool,
+        forwarding: Forwarding,
+    ) -> Placed:
+        """``_place``, asking a store that fails again for ``RESUME_STORE_PATIENCE``: a
+        resume that meets a failover waits for the promoted primary rather than answering
+        503, or a 404 or 409 read from a node that is no longer the primary. One claim
+        for all the asks: one the store took but no replica acknowledged is this one's."""
+        claim = f"{self._runs.replica}/{secrets.token_hex(4)}"  # this resume's (idempotent)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESUME_STORE_PATIENCE
+        while True:
+            try:
+                return await self._place(run_id, credential, after, ids, forwarding, claim)
+            except StoreFailed as failed:
+                if loop.time() >= deadline:
+                    raise self._store_failed(run_id, failed.cause) from None
+            await asyncio.sleep(STORE_RETRY)
+
     async def check(self, run_id: str, credential: str | None) -> None:
         """Raise ``RunNotFound`` unless the run is known to this credential (counted as
         a refused resume), and do nothing else: a ``HEAD`` makes no claim, no tail and
         no follower."""
-        await self._find(run_id, credential)
+        try:
+            await self._find(run_id, credential)
+        except StoreFailed as failed:
+            raise self._store_failed(run_id, failed.cause) from None
 
     async def _find(self, run_id: str, credential: str | None) -> LocalRun | Checkpoint:
         """The run as this process relays it, else its checkpoint; for its owner only."""
@@ -172,8 +209,8 @@ class Resumes:
             return await self._load(self._runs.store, run_id, credential)
         except GatewayError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
-            raise self._store_failed(run_id, exc) from None
+        except Exception as exc:  # noqa: BLE001 - the store failed: asked again, a while
+            raise StoreFailed(exc) from None
 
     async def _place(
         self,
@@ -182,6 +219,7 @@ class Resumes:
         after: int,
         ids: bool,
         forwarding: Forwarding,
+        claim: str,
     ) -> Placed:
         found = await self._find(run_id, credential)
         if isinstance(found, LocalRun):
@@ -201,14 +239,14 @@ class Resumes:
         try:
             if await store.lease_holder(run_id) is None:
                 taken = await self._take_over(
-                    store, run_id, credential, after, ids, forwarding, checkpoint
+                    store, run_id, credential, after, ids, forwarding, checkpoint, claim
                 )
                 if taken is not None:
                     return Placed("takeover", taken, traced)
         except GatewayError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the store failed: say so, stay up
-            raise self._store_failed(run_id, exc) from None
+        except Exception as exc:  # noqa: BLE001 - the store failed: asked again, a while
+            raise StoreFailed(exc) from None
         self._count("tail", "ok")
         adapter = adapter_named(checkpoint.record.protocol)
         tail = self._tail(store, adapter, run_id, credential, after, ids, forwarding)
@@ -282,18 +320,20 @@ class Resumes:
         ids: bool,
         forwarding: Forwarding,
         checkpoint: Checkpoint | None = None,
+        claim: str | None = None,
     ) -> AsyncIterator[bytes] | None:
         """Claim a run nobody holds and continue it here; None if another replica won.
 
         ``checkpoint``: the run as just loaded, if it was. A client it cannot place
-        is refused before the claim, so the run stays free for one it can.
+        is refused before the claim, so the run stays free for one it can. ``claim``:
+        this resume's, the same when it asks again (the claim is idempotent).
         """
         if checkpoint is None:
             checkpoint = await self._load(store, run_id, credential)
         self._placed(checkpoint, run_id, after)
         # Its route first: a fallback this replica cannot resolve fails before any claim.
         route = self._route_of(checkpoint)
-        claim = f"{self._runs.replica}/{secrets.token_hex(4)}"  # this claim alone (idempotent)
+        claim = claim or f"{self._runs.replica}/{secrets.token_hex(4)}"  # idempotent
         epoch = await store.claim(run_id, claim, self._runs.config.lease_ttl)
         if epoch is None:
             await self._load(store, run_id, credential)  # RunNotFound if it is gone meanwhile

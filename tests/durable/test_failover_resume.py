@@ -85,3 +85,38 @@ def test_a_redis_failover_then_a_dead_replica_still_resume_exactly(
             resume(client_b, model, run_id, received)
         assert_whole_text_answer(received, model)
         wait_until(lambda: b.resumed("takeover") == 1, "B took the run over")
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_that_meets_the_failover_waits_for_the_promoted_primary(
+    topology: RedisSentinels | RedisClusterNodes, chaos: ChaosUpstream, tmp_path: Path
+) -> None:
+    """The run's replica and its Redis primary die together, and the client resumes on
+    the other replica at once, while the replica is not promoted yet: the resume waits
+    for it (a bounded time) and takes the run over, where it answered 503 before."""
+    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, topology.url)
+    chaos.requests.clear()
+    model = "chaos:text=200,seed=72,pace_ms=20,rechunk=1"
+    with Replicas(config, tmp_path) as replicas:
+        a, b = replicas.start("A", "B")
+        received = Received()
+        with sdk(a) as client_a:
+            run_id, stream = start(client_a, model, received, 10)
+            wait_until(
+                lambda: int(str((_state(topology, run_id) or {}).get("seq", 0))) >= 10,
+                "A checkpoints what the client has",
+            )
+            primary: RedisServer = (
+                topology.primary_of(f"rg:{{{run_id}}}:state")
+                if isinstance(topology, RedisClusterNodes)
+                else topology.primary()
+            )
+            assert primary.process is not None
+            a.freeze()
+            primary.process.kill()
+            a.kill()
+            drain(stream, received)
+        with sdk(b) as client_b:
+            resume(client_b, model, run_id, received)
+        assert_whole_text_answer(received, model)
+        wait_until(lambda: b.resumed("takeover") == 1, "B took the run over")

@@ -162,6 +162,35 @@ def test_resume_with_another_credential_or_an_unknown_id_is_a_404(
     assert resume(sdk, model, run_id, received).text == expected_answer(model).text
 
 
+def test_a_client_that_holds_nothing_of_a_run_gone_gets_a_fresh_answer(
+    gateway: RunningGateway, sdk: OpenAI
+) -> None:
+    """The same call again with ``x-resume-from: 0`` (it got nothing before the
+    connection dropped) for a run the gateway does not hold for it: a new run of the
+    request, as exact as the rest of the old one would be, not a 404."""
+    model = "chaos:text=12,seed=6"
+    raw = sdk.chat.completions.with_raw_response.create(
+        model=model,
+        messages=MESSAGES,
+        stream=True,
+        extra_headers={"x-run-id": "0" * 32, "x-resume-from": "0"},
+    )
+    run_id = raw.headers["x-run-id"]
+    received = Received()
+    with raw.parse() as stream:
+        for chunk in stream:
+            received.feed(chunk)
+    assert run_id != "0" * 32
+    assert received.text == expected_answer(model).text and received.finish_reasons == ["stop"]
+    # A client that holds some of it cannot start again: that is still a 404.
+    held = httpx2.post(
+        gateway.base_url + "/chat/completions",
+        json={"model": model, "messages": MESSAGES, "stream": True},
+        headers={"authorization": "Bearer k", "x-run-id": "0" * 32, "x-resume-from": "2"},
+    )
+    assert held.status_code == 404
+
+
 def test_an_expired_run_is_a_404(chaos: ChaosUpstream) -> None:
     config = gateway_config(chaos.base_url, state={"completed_ttl": 0.3})
     with (
