@@ -21,9 +21,12 @@ import redis
 from redis.exceptions import ConnectionError, ResponseError
 
 from gateway.checkpoint.model import Applied
-from gateway.checkpoint.redis import NOT_PRIMARY, RedisStore, _keys
-from tests.durable.test_redis_topologies import Run, needs_redis
+from gateway.checkpoint.redis import CLUSTER_RUN_TIMEOUT, NOT_PRIMARY, RedisStore, _keys
+from gateway.checkpoint.writer import CheckpointWriter
+from gateway.metrics import Metrics
+from tests.durable.test_redis_topologies import Run, needs_cluster, needs_redis
 from tests.durable.test_replicated_writes import WAIT, stored, write
+from tests.redis_cluster import RedisClusterNodes, port_of, running_cluster
 from tests.redis_server import RedisSentinels, RedisServer, local_redis, running_sentinels
 
 
@@ -196,3 +199,115 @@ def test_a_flush_sent_again_is_stored_once() -> None:
                 await store.aclose()
 
         asyncio.run(go())
+
+
+# -- a Cluster's per-primary path (with replicas): NOSCRIPT, MOVED, a blackholed primary -------
+
+
+def _by_primary(cluster: RedisClusterNodes, runs: list[Run]) -> dict[int, list[Run]]:
+    by_port: dict[int, list[Run]] = {}
+    for run in runs:
+        node = cluster.primary_of(f"rg:{{{run.id}}}:state")
+        by_port.setdefault(port_of(node), []).append(run)
+    return by_port
+
+
+@needs_cluster
+def test_a_cluster_primary_that_forgot_the_script_or_lost_its_slots_is_written_again() -> None:
+    with running_cluster(3, replicas=1, node_timeout=3000) as cluster:
+        runs = [Run(f"moved-{i}") for i in range(12)]
+        first_port = next(iter(_by_primary(cluster, runs)))
+        primary = cluster.node(first_port)
+        replica = cluster.replica_of(primary)
+
+        async def go() -> None:
+            store = RedisStore(cluster.url, wait_replicas=None, wait_timeout=WAIT)
+            try:
+                assert set((await write(store, runs))[0]) == {Applied.WRITTEN}
+                # NOSCRIPT: the primary forgot the script (a restart, a promotion).
+                redis.Redis.from_url(primary.url).script_flush()
+                assert set((await write(store, runs))[0]) == {Applied.WRITTEN}
+                # MOVED: its replica takes its slots over (a manual failover).
+                redis.Redis.from_url(replica.url).execute_command("CLUSTER", "FAILOVER")  # type: ignore[no-untyped-call]
+                deadline = time.monotonic() + 15
+                while cluster.primary_of(f"rg:{{{runs[0].id}}}:state") is not replica:
+                    assert time.monotonic() < deadline, "the failover never happened"
+                    await asyncio.sleep(0.1)
+                deadline = time.monotonic() + 15
+                while True:  # the first write may meet MOVED: the next ones find the slots
+                    applied, _ = await write(store, runs)
+                    if set(applied) == {Applied.WRITTEN}:
+                        break
+                    assert time.monotonic() < deadline, f"never written after MOVED: {applied}"
+                    await asyncio.sleep(0.2)
+                for run in runs:
+                    assert stored(cluster.primary_of(f"rg:{{{run.id}}}:state"), run) == len(
+                        run.events
+                    )
+            finally:
+                await store.aclose()
+
+        asyncio.run(go())
+
+
+@needs_cluster
+def test_a_blackholed_cluster_primary_fails_its_runs_alone_and_in_bounded_time() -> None:
+    with running_cluster(3, replicas=1, node_timeout=5000) as cluster:
+        runs = [Run(f"hole-{i}") for i in range(12)]
+        by_port = _by_primary(cluster, runs)
+        port = next(iter(by_port))
+        process = cluster.node(port).process
+        assert process is not None
+
+        async def go() -> None:
+            store = RedisStore(cluster.url, wait_replicas=None, wait_timeout=WAIT)
+            try:
+                assert set((await write(store, runs))[0]) == {Applied.WRITTEN}
+                process.send_signal(signal.SIGSTOP)  # it takes the packets, answers none
+                try:
+                    applied, took = await write(store, runs)
+                finally:
+                    process.send_signal(signal.SIGCONT)
+                cut = {run.id for run in by_port[port]}
+                for run, result in zip(runs, applied, strict=True):
+                    assert result is (Applied.FAILED if run.id in cut else Applied.WRITTEN)
+                assert took < CLUSTER_RUN_TIMEOUT + WAIT + 1.0
+            finally:
+                await store.aclose()
+
+        asyncio.run(go())
+
+
+# -- the writer's hold counts from the write's start ----------------------------------------
+
+
+class Hanging:
+    """A store whose writes never answer (a primary that takes packets and says nothing)."""
+
+    shared = True
+
+    async def owner_key(self) -> bytes:
+        return b"key"
+
+    async def write(self, flushes: Any) -> list[Applied]:
+        await asyncio.sleep(60)
+        return []
+
+
+def test_a_hanging_store_holds_events_for_the_hold_counted_from_the_write_start() -> None:
+    run = Run("hung")
+
+    async def go() -> None:
+        writer = CheckpointWriter(
+            Hanging(),  # type: ignore[arg-type]
+            Metrics(),
+            lease_ttl=60,
+            write_timeout=0.6,
+            unprotected_after=0.5,
+        )
+        run.add()
+        writer.mark(run)
+        assert not await writer.write_due()  # gave up after 0.6 s: held 0.6 s already
+        assert run.unflushed_count == 1 and not writer.protecting
+
+    asyncio.run(go())
