@@ -226,6 +226,27 @@ class Metrics:
             "Runs cancelled because no client came back within the detach grace period.",
             registry=r,
         )
+        self.detached_bytes = Gauge(
+            "gateway_detached_run_bytes",
+            "Bytes of client events held in memory for runs no client reads (detached, "
+            "left behind, or finished and kept): what state.detached_memory bounds.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.detached_evicted = Counter(
+            "gateway_detached_runs_evicted_total",
+            "Runs no client reads let go over state.detached_memory, by reason: finished "
+            "(kept for late resumers, no store), over_budget (a detached run stopped, after "
+            "a last checkpoint).",
+            ["reason"],
+            registry=r,
+        )
+        self.runs_too_large = Counter(
+            "gateway_runs_too_large_total",
+            "Answers ended with an error (code run_too_large) because their events passed "
+            "state.max_run_bytes.",
+            registry=r,
+        )
 
     def render(self) -> tuple[bytes, str]:
         if multiprocess_dir() is None:

@@ -109,6 +109,17 @@ class RunState:
     cause: str | None = None  # the last interruption, if any
     updated: float = 0.0  # unix time
     version: int = FORMAT  # the state's format (absent: 1)
+    # Events a replica acknowledged before this checkpoint (durability sync: the rest may
+    # be lost to a failover, so a tail does not give them out yet); None: not said (a
+    # release before it, or nothing waited for), every event of ``seq``.
+    acked: int | None = None
+
+    def released(self) -> int:
+        """The events a client following the run from the store may have: acknowledged
+        ones, or all of a run that ended."""
+        if self.acked is None or self.status in FINAL_STATUSES:
+            return self.seq
+        return self.acked
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively, fast
@@ -239,6 +250,7 @@ _STATE: Schema = {
     "cause": (_is_str, None),
     "updated": (_is_number, 0.0),
     "version": (_is_int, 1),
+    "acked": (_is_int, None),
 }
 _CALL: Schema = {"name": (_is_str, ""), "arguments": (_is_str, "")}
 

@@ -494,6 +494,12 @@ class RedisStore:
             (holder,) = await self._read(pipe)
         return None if holder is None else bytes(holder).decode()
 
+    async def released(self, run_id: str) -> int | None:
+        pipe = await self._reading()
+        pipe.get(_keys(run_id)[2])
+        (raw,) = await self._read(pipe)
+        return None if raw is None else RunState.decode(raw).released()
+
     async def set_alias(self, name: str, run_id: str, ttl: float) -> None:
         await self._redis.set(f"rg:alias:{name}", run_id, px=int(ttl * 1000))
 

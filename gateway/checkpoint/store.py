@@ -52,6 +52,10 @@ class CheckpointStore(Protocol):
 
     async def lease_holder(self, run_id: str) -> str | None: ...
 
+    async def released(self, run_id: str) -> int | None:
+        """How many of the run's events a tail may give its client (``RunState.released``);
+        None when the run is not stored."""
+
     async def claim(self, run_id: str, claim: str, ttl: float) -> int | None:
         """Take a stored run whose lease expired; exactly one caller wins.
 
@@ -228,6 +232,12 @@ class MemoryStore:
         if run is None or run.lease_expires <= time.monotonic():
             return None
         return run.lease
+
+    async def released(self, run_id: str) -> int | None:
+        run = self._get(run_id)
+        if run is None or run.state is None:
+            return None
+        return RunState.decode(run.state).released()
 
     async def claim(self, run_id: str, claim: str, ttl: float) -> int | None:
         run = self._get(run_id)

@@ -474,6 +474,16 @@ class State(_Model):
     ttl: float = Field(default=3600.0, gt=0)  # seconds a run's checkpoint lives
     completed_ttl: float = Field(default=60.0, ge=0)  # kept for late resumers; 0 deletes
     detach_grace: float = Field(default=30.0, ge=0)  # a run without a client goes on this long
+    # The most one run's client events may take (bytes, held in memory while it runs).
+    # Past it the answer ends with the protocol's explicit error (code run_too_large)
+    # and the upstream is closed. 64 MiB: a long answer is about 1 MB of SSE, the longest
+    # any model writes (128k output tokens, a ~250-byte chat chunk each) about 32 MB.
+    max_run_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # All runs no client reads (detached, or whose client stopped reading) held in this
+    # process's memory (bytes). Past it, finished runs kept for late resumers go first,
+    # then the detached run that does not fit is stopped as when its detach_grace ends.
+    # 256 MiB: four runs at max_run_bytes, or hundreds of ordinary answers.
+    detached_memory: int = Field(default=256 * 1024 * 1024, gt=0)
     lease_ttl: float = Field(default=5.0, gt=0)  # an owner silent this long is presumed dead
     # A client stream with nothing to send for this long (a recovery's backoff, a long
     # Retry-After) gets a ": keepalive" comment (a Messages stream: event: ping), so

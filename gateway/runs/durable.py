@@ -22,6 +22,12 @@ written as the run ends.
 Writes carry the run's epoch (0, or what this process's claim returned): if this
 process was paused past its lease and another replica took the run over, the
 store refuses them, and the run ends here with a ``run_moved`` error event.
+
+Bounds (``state.max_run_bytes``, ``state.detached_memory``): the log's size is checked
+as each event is appended (``RunLog.size`` is summed there anyway); a run past its
+limit ends with the protocol's own error (``RunTooLarge``, raised out of ``_emit`` into
+the relay, which ends the stream with the splicer's ``fail``). A run no client reads is
+*held*: its log counts against the process's budget for such runs (``Runs.hold``).
 """
 
 from __future__ import annotations
@@ -43,11 +49,18 @@ from gateway.checkpoint.model import (
 )
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.config.schema import State
+from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.protocols import Adapter
 from gateway.recovery.classify import Cause
 from gateway.runs.log import RunLog
 from gateway.runs.run import Run
+
+
+class RunTooLarge(GatewayError):
+    """A run's client events passed ``state.max_run_bytes``: the answer ends here."""
+
+    code = "run_too_large"
 
 
 class Host(Protocol):
@@ -69,9 +82,20 @@ class Host(Protocol):
     def ended(self, local: LocalRun) -> None:
         """``local``'s producer has finished: its last checkpoint, and forgetting it."""
 
+    def hold(self, local: LocalRun) -> None:
+        """No client reads ``local`` any more: its log counts against detached_memory."""
+
+    def unhold(self, local: LocalRun) -> None:
+        """A client reads ``local`` again."""
+
+    def grew(self, local: LocalRun, size: int) -> None:
+        """A held run's log grew by ``size`` bytes."""
+
     def shutdown_event(self, run_id: str, adapter: Adapter, events: int) -> bytes: ...
 
     def lost_event(self, run_id: str, adapter: Adapter, events: int) -> bytes: ...
+
+    def evicted_event(self, run_id: str, adapter: Adapter, events: int) -> bytes: ...
 
 
 class LocalRun:
@@ -106,6 +130,10 @@ class LocalRun:
         self.epoch = epoch  # this process's claim on the run: its writes carry it (fencing)
         self.lost = False  # another replica took the run over: nothing more is written here
         self.alias: str | None = None  # the answer's own id, where clients name it (Runs.alias)
+        self.held = False  # no client reads it: its log counts against detached_memory
+        self.evicted = False  # stopped for detached_memory: its followers are told so
+        self._max_bytes = runs.config.max_run_bytes
+        self._too_large = False
         self._keepalive: asyncio.TimerHandle | None = None
         # Checkpoints every ``checkpoint_every`` content deltas where another process
         # reads them. Only this process reads an in-memory store, and while the run
@@ -154,6 +182,9 @@ class LocalRun:
             if self._keepalive is not None:
                 self._keepalive.cancel()
                 self._keepalive = None
+            if self._grace is not None:  # its handle would keep the log for the grace
+                self._grace.cancel()
+                self._grace = None
             self.log.close()
             self._runs.ended(self)
 
@@ -188,11 +219,40 @@ class LocalRun:
         if self._watched or self._deltas >= self._every:
             self._deltas = 0
             self.checkpoint()
+        if log.size > self._max_bytes and not self._too_large:
+            self._end_too_large()
+        if self.held:
+            self._runs.grew(self, len(data))
+            if self.evicted:  # stopped for detached_memory: now, not after what is buffered
+                raise asyncio.CancelledError
         limit = self._runs.max_client_lag
         if log.lagging(limit):
             # A follower is not reading: stop reading the upstream meanwhile.
-            return log.make_room(limit, self._runs.config.detach_grace)
+            return self._make_room(limit)
         return None
+
+    def _end_too_large(self) -> None:
+        """The log passed max_run_bytes: raise into the relay, which ends the answer with
+        the protocol's error and closes the upstream. Not once the answer is ending (its
+        terminal events, or the error of another failure): those few bytes go out."""
+        run = self.run
+        if run.outcome is not None or run.splicer.finished:
+            return
+        self._too_large = True
+        self._runs.metrics.runs_too_large.inc()
+        limit = self._max_bytes
+        raise RunTooLarge(
+            f"The answer passed this gateway's limit for one run ({limit} bytes of events, "
+            f"state.max_run_bytes) after {run.accumulator.text_chars} characters; it is "
+            "incomplete."
+        )
+
+    async def _make_room(self, limit: int) -> None:
+        """Wait for the followers; one that read nothing for the patience is left behind,
+        and a run whose every follower is left behind is held as a detached one is."""
+        await self.log.make_room(limit, self._runs.config.detach_grace)
+        if self.log.unread:
+            self._runs.hold(self)
 
     def _keep_alive(self, seen: int) -> None:
         """Every half ``keepalive_interval``: if no event came since the last look, ping
@@ -221,6 +281,8 @@ class LocalRun:
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
+        if self.held:
+            self._runs.unhold(self)
         try:
             async for data in self.log.follow(after, ids=ids):
                 yield data
@@ -232,9 +294,12 @@ class LocalRun:
                 yield self._runs.lost_event(self.id, adapter, events)
             elif self._stopped and self.status == "detached":
                 yield self._runs.shutdown_event(self.id, adapter, events)
+            elif self.evicted and self.status == "detached":
+                yield self._runs.evicted_event(self.id, adapter, events)
         finally:
             self.clients -= 1
             if self.clients == 0:
+                self._runs.hold(self)
                 self.start_grace()
 
     def stop(self) -> None:
@@ -261,6 +326,13 @@ class LocalRun:
             return
         cancel: Callable[[], None] = self._expire
         self._grace = asyncio.get_running_loop().call_later(self._runs.config.detach_grace, cancel)
+
+    def evict(self) -> None:
+        """Over detached_memory: stop the run as its detach grace ending would (a last
+        checkpoint, which a resume continues where the store keeps it)."""
+        self.evicted = True
+        if not self.task.done():
+            asyncio.get_running_loop().call_soon(self.task.cancel)  # as in stop()
 
     def _expire(self) -> None:
         self._grace = None
@@ -302,6 +374,7 @@ class LocalRun:
             tool_calls=len(accumulator.tool_calls),
             cause=None if run.last_cause is None else run.last_cause.value,
             updated=time.time(),
+            acked=self._flushed_seq,  # what a tail may give out (RunState.released)
         )
         final = self.status != "running"
         return Flush(

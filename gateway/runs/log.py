@@ -40,7 +40,11 @@ class RunLog:
     ``limits.max_client_lag_bytes`` behind, so the run stops reading its upstream
     (whose TCP window then closes) instead of piling up what a client does not
     read. A follower that reads nothing for ``patience`` is left behind: the run
-    goes on as if detached, and the follower still gets it all if it reads again.
+    goes on as if detached (``unread``: its log then counts against the detached
+    memory budget), and the follower still gets it all if it reads again.
+
+    ``size`` is the bound's measure (``state.max_run_bytes``, ``LocalRun._emit``): the
+    events' bytes, summed as they are appended, without the list's own cost.
     """
 
     def __init__(
@@ -106,6 +110,11 @@ class RunLog:
                         reader.left_behind = True
             finally:
                 self._room = None
+
+    @property
+    def unread(self) -> bool:
+        """Whether every follower was left behind: nobody reads the run, as if detached."""
+        return bool(self._readers) and all(r.left_behind for r in self._readers)
 
     def _lag(self) -> int:
         waited = [r.consumed for r in self._readers if not r.left_behind]

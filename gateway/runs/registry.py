@@ -5,17 +5,30 @@ registry holds the runs this process relays, their checkpoint writer, and the
 names clients know them by (``Aliases``). It lets them finish at shutdown, up to
 the drain timeout, and then stops the rest with an error that says where to
 resume them. Resuming, here or from another replica, is gateway/resume.py.
+
+It also bounds what runs nobody reads keep in memory (``state.detached_memory``):
+a run is *held* from when its last client leaves (or every follower was left
+behind, reading nothing) until a client reads it again or it is forgotten; ``held``
+sums their logs, kept exact as they grow (``grew``, per event of a held run only).
+Past the budget, the oldest finished runs kept for late resumers (no store) are let
+go first; then the run whose detach, or whose event, takes the sum past it is
+stopped, as its detach grace ending would stop it. That run, not an older one
+that fits: a run still growing with nobody reading is what fills memory (a client
+that never reads), and a run that has just lost its client should not push out
+runs that were there before it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 
 from gateway.checkpoint.store import CheckpointStore
 from gateway.checkpoint.writer import CheckpointWriter
@@ -32,6 +45,12 @@ from gateway.runs.run import Run
 logger = logging.getLogger("gateway.resume")
 
 WRITE_TIMEOUT = 2.0  # seconds a checkpoint write may take, besides waiting for replicas
+# Large logs freed (bytes) before the heap's free pages are given back to the system,
+# TRIM_DELAY later (so logs freed together cost one trim): a pause of ~10 ms per 200 MB
+# of heap, after tens of MB of answers, never per event.
+TRIM_AFTER = 16 * 1024 * 1024
+TRIM_LOG = 1024 * 1024  # a log this large is watched until it is freed
+TRIM_DELAY = 0.5
 
 
 class RunMoved(ServiceUnavailable):
@@ -69,6 +88,12 @@ class Runs:
             else None
         )
         self.local: dict[str, LocalRun] = {}
+        self.held = 0  # bytes of the logs of the runs no client reads (detached_memory)
+        self._finished: dict[str, LocalRun] = {}  # held and finished, oldest first
+        self._kept: dict[str, asyncio.TimerHandle] = {}  # finished, kept for completed_ttl
+        self._freed = 0  # bytes of logs let go since the heap was last trimmed
+        self._trim: asyncio.TimerHandle | None = None
+        self._malloc_trim = malloc_trim()
         self.stopping = False  # the drain deadline passed: runs end here
         self._busy = 0  # requests opening a run, and tails: the drain waits for them too
         self.aliases = Aliases(config, store)
@@ -131,11 +156,96 @@ class Runs:
             return
         # No store: a client that dropped just before the end can still fetch it here.
         loop = asyncio.get_running_loop()
-        loop.call_later(self.config.completed_ttl, self._forget, local)
+        self._kept[local.id] = loop.call_later(self.config.completed_ttl, self._forget, local)
+        if local.held:
+            self._finished[local.id] = local
 
     def _forget(self, local: LocalRun) -> None:
-        self.local.pop(local.id, None)
+        if self.local.get(local.id) is local:
+            del self.local[local.id]
+        # A follower left behind (reading nothing) holds the log until it goes, at most
+        # listen.send_timeout: the log stays held until it is freed, not forgotten.
+        lingers = local.held and local.log.unread
+        if lingers:
+            local.held = False
+        else:
+            self.unhold(local)
+        self._finished.pop(local.id, None)
+        kept = self._kept.pop(local.id, None)
+        if kept is not None:
+            kept.cancel()
         self.aliases.forget(local)
+        size = local.log.size
+        if lingers or (size >= TRIM_LOG and self._malloc_trim is not None):
+            freed = weakref.finalize(local.log, self._freed_log, size, lingers)
+            freed.atexit = False
+
+    def _freed_log(self, size: int, held: bool) -> None:
+        """A forgotten log was freed: no longer held, and (a large one) worth a trim."""
+        if held:
+            self.held -= size
+            self.metrics.detached_bytes.dec(size)
+        if self._malloc_trim is None:
+            return
+        self._freed += size
+        if self._freed >= TRIM_AFTER and self._trim is None:
+            with contextlib.suppress(RuntimeError):  # no loop: the process is ending
+                self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY, self._trim_heap)
+
+    def _trim_heap(self) -> None:
+        """Give the heap's free pages back: without it, the memory of a large answer once
+        freed is reused by this process but never returned (RSS stays at its peak)."""
+        self._trim, self._freed = None, 0
+        if self._malloc_trim is not None:
+            self._malloc_trim(0)
+
+    # -- the detached memory budget ---------------------------------------------------
+
+    def hold(self, local: LocalRun) -> None:
+        """No client reads ``local`` any more: its log counts against detached_memory."""
+        if local.held or self.local.get(local.id) is not local:
+            return  # held already, or forgotten (its events are the store's)
+        local.held = True
+        size = local.log.size
+        self.held += size
+        self.metrics.detached_bytes.inc(size)
+        if local.task.done():
+            self._finished[local.id] = local
+        if self.held > self.config.detached_memory:
+            self._over_budget(local)
+
+    def unhold(self, local: LocalRun) -> None:
+        """A client reads ``local`` again (or it is forgotten): it is not held."""
+        if local.held:
+            local.held = False
+            size = local.log.size
+            self.held -= size
+            self.metrics.detached_bytes.dec(size)
+            self._finished.pop(local.id, None)
+
+    def grew(self, local: LocalRun, size: int) -> None:
+        """A held run's log grew by ``size`` bytes (per event: nothing else here)."""
+        self.held += size
+        self.metrics.detached_bytes.inc(size)
+        if self.held > self.config.detached_memory:
+            self._over_budget(local)
+
+    def _over_budget(self, local: LocalRun) -> None:
+        """Let go of the oldest finished runs, then stop ``local`` if it still does not fit."""
+        budget, evicted = self.config.detached_memory, self.metrics.detached_evicted
+        while self.held > budget and self._finished:
+            oldest = next(iter(self._finished.values()))
+            self._forget(oldest)  # no store (else not kept): a late resume gets 404
+            evicted.labels("finished").inc()
+        if self.held > budget and local.held and not local.evicted and not local.task.done():
+            if not local.log.unread:
+                self.unhold(local)  # its memory goes with its task, within a turn of the loop
+            local.evict()
+            evicted.labels("over_budget").inc()
+            logger.warning(
+                "detached memory full: a run is stopped",
+                extra={"run_id": local.id, "run_bytes": local.log.size, "held_bytes": self.held},
+            )
 
     # -- shutdown -------------------------------------------------------------------
 
@@ -186,6 +296,17 @@ class Runs:
             )
         return adapter.error_event(ShuttingDown(message), events)
 
+    def evicted_event(self, run_id: str, adapter: Adapter, events: int) -> bytes:
+        """What a follower that was left behind (it read nothing) of a run stopped for
+        detached_memory receives last."""
+        message = (
+            f"Run {run_id} was stopped: nobody read it, and the gateway's memory for runs "
+            "without a reading client (state.detached_memory) was full."
+        )
+        if self.store is not None:
+            message += f" It was checkpointed; resume it: {_how_to_resume(run_id)}"
+        return adapter.error_event(ServiceUnavailable(message, code="detached_memory_full"), events)
+
     def lost_event(self, run_id: str, adapter: Adapter, events: int) -> bytes:
         """What a client of a run another replica took over receives last here."""
         message = (
@@ -201,11 +322,24 @@ class Runs:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+        if self._trim is not None:
+            self._trim.cancel()
         await self.aliases.aclose()
         if self.writer is not None:
             await self.writer.aclose()
         if self.store is not None:
             await self.store.aclose()
+
+
+def malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, which returns free pages inside the heap too (``free``
+    returns only its top); None elsewhere (musl, macOS), where freed memory stays the
+    process's to reuse."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
 
 
 def _how_to_resume(run_id: str) -> str:

@@ -7,9 +7,11 @@ run is, decides how the rest is served (``kind`` in ``gateway_resumes_total``):
   of its log, then the live events.
 - ``replay``: it finished elsewhere: the rest of the stored log.
 - ``tail``: another replica relays it (its lease is held): the stored log after
-  the offset, then a blocking read of the same Redis Stream for live events. The
-  tailer sets a ``watch`` key, and the owner checkpoints every event while it is
-  set, so the tail lags the owner by one write, not by ``checkpoint_every`` deltas.
+  the offset, then a blocking read of the same Redis Stream for live events, each
+  given out once a replica acknowledged it (``RunState.acked``, said by the owner's
+  next write). The tailer sets a ``watch`` key, and the owner checkpoints every event
+  while it is set, so the tail lags the owner by one write, not by
+  ``checkpoint_every`` deltas.
 - ``takeover``: nobody holds its lease (its replica died, or it was stopped after
   its detach grace): this process claims the lease (SET NX: exactly one replica
   wins), rebuilds the run from the checkpoint, and continues the upstream with
@@ -64,6 +66,7 @@ TAIL_STORE_PATIENCE = 30.0  # seconds a tail asks a failing store again (a failo
 # Cluster failover (detection, vote, promotion) is over in a few seconds.
 RESUME_STORE_PATIENCE = 10.0
 STORE_RETRY = 0.2  # seconds between those asks
+UNACKNOWLEDGED_WAIT = 0.02  # seconds a tail waits for the owner's next acknowledged write
 
 
 class StoreFailed(Exception):
@@ -435,12 +438,24 @@ class Resumes:
                         await store.watch(run_id, 4 * block)
                         watched_until = loop.time() + block
                     entries = await store.read_events(run_id, seq, block)
+                    unreleased = False
+                    if entries:
+                        # Only what a replica acknowledged: an event the store has that
+                        # a failover could still lose is not given out yet (it would put
+                        # this client ahead of the run that goes on from the store).
+                        released = await store.released(run_id)
+                        if released is not None and entries[-1][0] > released:
+                            entries = [e for e in entries if e[0] <= released]
+                            unreleased = True
                     held = bool(entries) or await store.lease_holder(run_id) is not None
                     taken = None
                     if not held:
                         taken = await self._take_over(
                             store, run_id, credential, seq, ids, forwarding
                         )
+                    elif unreleased and not entries:
+                        await asyncio.sleep(UNACKNOWLEDGED_WAIT)  # the owner's next write
+                        continue
                 except GatewayError as exc:  # gone meanwhile (e.g. completed_ttl 0)
                     yield adapter.error_event(exc, seq)
                     return

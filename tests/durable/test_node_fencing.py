@@ -13,19 +13,25 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx2
 import orjson
 import pytest
 import redis
 from redis.exceptions import ConnectionError, ResponseError
 
+from gateway.chaos import ChaosUpstream
 from gateway.checkpoint.model import Applied
 from gateway.checkpoint.redis import CLUSTER_RUN_TIMEOUT, NOT_PRIMARY, RedisStore, _keys
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
+from tests.api.streams import MESSAGES, Received, start
 from tests.durable.test_redis_topologies import Run, needs_cluster, needs_redis
 from tests.durable.test_replicated_writes import WAIT, stored, write
+from tests.durable.two_replicas import sdk
+from tests.processes import Replicas, replica_config, wait_until
 from tests.redis_cluster import RedisClusterNodes, port_of, running_cluster
 from tests.redis_server import RedisSentinels, RedisServer, local_redis, running_sentinels
 
@@ -311,3 +317,69 @@ def test_a_hanging_store_holds_events_for_the_hold_counted_from_the_write_start(
         assert run.unflushed_count == 1 and not writer.protecting
 
     asyncio.run(go())
+
+
+# -- a tail gives out only what a replica acknowledged ------------------------------------------
+
+
+@needs_redis
+@pytest.mark.timeout(120)
+def test_a_tail_gives_out_only_what_a_replica_acknowledged(
+    chaos: ChaosUpstream, tmp_path: Path
+) -> None:
+    """The owner's writes land on the primary, but its replica (frozen) acknowledges none:
+    the owner holds those events from its clients, and a client following the run from
+    another replica must not get them either (a failover could still lose them, and the
+    run would go on from the store without them: that client would then be ahead)."""
+    with running_sentinels() as topology:
+        primary, replica = topology.servers
+        frozen = replica.process
+        assert frozen is not None
+        config = replica_config(
+            tmp_path / "gateway.yaml",
+            chaos.base_url,
+            topology.url,
+            state={"unprotected_after": 60, "wait_timeout": 0.3},
+        )
+        model = "chaos:text=300,seed=73,pace_ms=20"
+        key = "rg:{{{}}}:state"
+        with Replicas(config, tmp_path) as replicas:
+            a, b = replicas.start("A", "B")
+            received = Received()
+            with sdk(a) as client_a:
+                run_id, stream = start(client_a, model, received, 5)
+                store = redis.Redis.from_url(primary.url)
+
+                def state_now() -> dict[str, Any]:
+                    state: dict[str, Any] = orjson.loads(store.get(key.format(run_id)) or b"{}")
+                    return state
+
+                frozen.send_signal(signal.SIGSTOP)
+                try:
+                    wait_until(
+                        lambda: state_now().get("seq", 0) > (state_now().get("acked") or 0) + 5,
+                        "the owner writes what no replica acknowledges",
+                    )
+                    headers = {
+                        "authorization": "Bearer sk-owner",
+                        "x-run-id": run_id,
+                        "x-resume-from": str(received.chunks),
+                    }
+                    body = {"model": model, "messages": MESSAGES, "stream": True}
+                    tailed = b""
+                    with httpx2.Client(timeout=httpx2.Timeout(10, read=1.0)) as http:
+                        with http.stream(
+                            "POST", b.base_url + "/chat/completions", json=body, headers=headers
+                        ) as response:
+                            assert response.status_code == 200
+                            try:
+                                for part in response.iter_raw():
+                                    tailed += part
+                            except httpx2.ReadTimeout:
+                                pass  # nothing more comes while no replica acknowledges
+                    acked = state_now()["acked"]
+                    given = received.chunks + tailed.count(b"data: ")
+                    assert given <= acked < state_now()["seq"]
+                finally:
+                    frozen.send_signal(signal.SIGCONT)
+                stream.close()

@@ -105,9 +105,10 @@ def test_the_previous_releases_record_and_state_decode() -> None:
         updated=1764300001.25,
     )
     # What this release writes, the previous one reads: the same fields, and a version
-    # it ignores (its decode kept only the fields it knew).
+    # and an acknowledged count it ignores (its decode kept only the fields it knew).
     assert orjson.loads(record.encode()) == orjson.loads(PREVIOUS_RECORD) | {"version": 1}
-    assert orjson.loads(decoded.encode()) == orjson.loads(PREVIOUS_STATE) | {"version": 1}
+    expected = orjson.loads(PREVIOUS_STATE) | {"version": 1, "acked": None}
+    assert orjson.loads(decoded.encode()) == expected
 
 
 def test_a_next_releases_record_and_state_decode() -> None:

@@ -15,7 +15,15 @@ from gateway.runs.registry import Runs
 def ended_run(runs: Runs, status: str) -> LocalRun:
     """A run named by a response id that was recovered (its second leg) and ended."""
     run = types.SimpleNamespace(splicer=types.SimpleNamespace(leg=1))
-    local = types.SimpleNamespace(id="run_1", alias=None, run=run, lost=False, status=status)
+    local = types.SimpleNamespace(
+        id="run_1",
+        alias=None,
+        run=run,
+        lost=False,
+        status=status,
+        held=False,
+        log=types.SimpleNamespace(size=0),
+    )
     runs.local["run_1"] = local  # type: ignore[assignment]
     runs.alias("resp_1", local)  # type: ignore[arg-type]
     runs.ended(local)  # type: ignore[arg-type]
