@@ -260,13 +260,15 @@ class Nemesis:
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
         faults = asyncio.create_task(self.nemesis())
+        roles = asyncio.create_task(self.watch_roles())
         workers = [asyncio.create_task(self.worker()) for _ in range(self.args.concurrency)]
         try:
             await asyncio.gather(*workers)
         finally:
-            faults.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await faults
+            for task in (faults, roles):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         return loop.time() - self._t0
 
     def next_spec(self) -> str:
@@ -376,6 +378,22 @@ class Nemesis:
                 leg.end = f"client exception: {type(exc).__name__}: {str(exc)[:200]}"
                 return leg.end
         return f"gave up after {len(stream.legs)} connections"
+
+    async def watch_roles(self) -> None:
+        """Every 0.5 s, which data nodes answer ``role:master``: a report line whenever
+        that set changes, so a deposed primary still answering as one shows, with its
+        start and end, whatever action led to it."""
+        nodes = self.topology.nodes()
+        seen: list[int] | None = None
+        while True:
+            roles = await asyncio.to_thread(lambda: [self.topology.role(n) for n in nodes])
+            masters = sorted(port_of(n) for n, r in zip(nodes, roles, strict=True) if r == "master")
+            if masters != seen and seen is not None:
+                split = len(masters) > self.topology.shards
+                listed = " ".join(f":{p}" for p in masters) or "none"
+                self.event(f"answering as primary: {listed}", split=split)
+            seen = masters
+            await asyncio.sleep(0.5)
 
     # -- the faults --------------------------------------------------------------------
 

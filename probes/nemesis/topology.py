@@ -70,8 +70,14 @@ class Topology:
     kind = ""
     url_template = ""  # the gateway's redis_url, with the proxy's ports filled in
 
-    def data_ports(self) -> list[int]:
+    shards = 1  # primaries there should be
+
+    def nodes(self) -> list[RedisServer]:
+        """Every data node (primaries and replicas)."""
         raise NotImplementedError
+
+    def data_ports(self) -> list[int]:
+        return [port_of(n) for n in self.nodes()]
 
     def other_ports(self) -> list[int]:
         return []
@@ -120,8 +126,8 @@ class Sentinels(Topology):
         self.logs = logs
         self.base = {port_of(s): _base(s.command or []) for s in up.servers}
 
-    def data_ports(self) -> list[int]:
-        return [port_of(s) for s in self.up.servers]
+    def nodes(self) -> list[RedisServer]:
+        return self.up.servers
 
     def other_ports(self) -> list[int]:
         return [port_of(s) for s in self.up.sentinels]
@@ -167,8 +173,10 @@ class Cluster(Topology):
         self.logs = logs
         self.watched: dict[int, int] = {}  # a primary's port -> a slot it served
 
-    def data_ports(self) -> list[int]:
-        return [port_of(n) for n in self.up.nodes]
+    shards = 3
+
+    def nodes(self) -> list[RedisServer]:
+        return self.up.nodes
 
     def url(self, port: dict[int, int]) -> str:
         return f"redis+cluster://127.0.0.1:{port[port_of(self.up.nodes[0])]}"
