@@ -198,7 +198,8 @@ class Metrics:
         self.checkpoint_writes = Counter(
             "gateway_checkpoint_writes_total",
             "Run checkpoints written to the store, by result (ok; unreplicated: no replica "
-            "acknowledged in time; error; fenced: another replica took the run over).",
+            "acknowledged in time; error; fenced: another replica took the run over; gap: "
+            "the stored log ended before the write's first event, rewritten whole).",
             ["result"],
             registry=r,
         )

@@ -178,6 +178,11 @@ class Applied(enum.IntEnum):
     # WAIT timed out): a failover may lose it. Whether a replica tails the run is not
     # known from such a write (it is learned again from the next).
     UNREPLICATED = 4
+    # Not written: the store's log of the run ends before the flush's first event (a
+    # failover lost what the writer had, or released without an acknowledgement): the
+    # run is to be rewritten whole. A log is never stored with a gap, so a position in
+    # it always names the event the client has at that position.
+    GAP = 5
 
 
 # -- reading any release's records -------------------------------------------------------

@@ -89,6 +89,7 @@ class CheckpointWriter:
         self._primaries = 0  # primaries the store has had (its primary_changes)
         self._written_ok = metrics.checkpoint_writes.labels("ok")
         self._unreplicated = metrics.checkpoint_writes.labels("unreplicated")
+        self._gaps = metrics.checkpoint_writes.labels("gap")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -219,7 +220,7 @@ class CheckpointWriter:
             # A new primary may not have had the last writes of any run: each is written
             # whole at its next write (those of this batch were written to it already).
             self._primaries = primaries
-            self._rewrite.update(self._owned.keys() - {run.id for run in batch})
+            self._rewrite.update(self._owned.keys())
         for run, flush, result in zip(batch, flushes, applied, strict=True):
             if result is Applied.FAILED:
                 # The store failed for this run alone (its Cluster primary is down): as
@@ -230,6 +231,14 @@ class CheckpointWriter:
                 self._due.setdefault(run.id, run)
                 self._rewrite.add(run.id)
                 self._failed(run, began, now)
+                continue
+            if result is Applied.GAP:
+                # The store's log of it ends before what this write sent (a failover lost
+                # the end, or it went out unacknowledged): rewritten whole, shortly.
+                self._gaps.inc()
+                self._rewrite.add(run.id)
+                self._due.setdefault(run.id, run)
+                held += 1
                 continue
             if result is Applied.UNREPLICATED and self._held(run, began, now):
                 # Not acknowledged: held as through a failure, and sent again shortly.

@@ -383,3 +383,58 @@ def test_a_tail_gives_out_only_what_a_replica_acknowledged(
                 finally:
                     frozen.send_signal(signal.SIGCONT)
                 stream.close()
+
+
+@needs_redis
+def test_a_log_is_never_stored_with_a_gap() -> None:
+    """A write whose first event is past the end of the stored log (a failover lost the
+    end, or it went out unacknowledged) is refused for a rewrite, not appended: a log
+    with a gap would put every later position one event off."""
+    with local_redis() as server:
+        run = Run("gap")
+
+        async def go() -> None:
+            store = RedisStore(server.url)
+            try:
+                run.add(5)
+                assert await store.write([run.flush(b"key", rewrite=False)]) == [Applied.WRITTEN]
+                run.add(4)
+                run.flushed_seq = 7  # as if events 6 and 7 had been written and lost
+                assert await store.write([run.flush(b"key", rewrite=False)]) == [Applied.GAP]
+                checkpoint = await store.load(run.id)
+                assert checkpoint is not None and checkpoint.events == run.events[:5]
+                applied = await store.write([run.flush(b"key", rewrite=True)])
+                assert applied == [Applied.WRITTEN]
+                checkpoint = await store.load(run.id)
+                assert checkpoint is not None and checkpoint.events == run.events
+            finally:
+                await store.aclose()
+
+        asyncio.run(go())
+
+
+def test_the_writer_rewrites_a_run_whose_log_would_have_a_gap() -> None:
+    class Gapped:
+        shared = True
+        answers = [Applied.GAP, Applied.WRITTEN]
+
+        async def owner_key(self) -> bytes:
+            return b"key"
+
+        async def write(self, flushes: Any) -> list[Applied]:
+            return [self.answers.pop(0) for _ in flushes]
+
+    run = Run("gapped")
+    metrics = Metrics()
+
+    async def go() -> None:
+        writer = CheckpointWriter(Gapped(), metrics, lease_ttl=60)  # type: ignore[arg-type]
+        run.add(3)
+        writer.mark(run)
+        assert await writer.write_due()
+        assert run.flushed_seq == 0  # not written: held, and due again
+        assert await writer.write_due()
+        assert run.rewrites == [False, True] and run.flushed_seq == 3
+
+    asyncio.run(go())
+    assert metrics.checkpoint_writes.labels("gap")._value.get() == 1
