@@ -64,7 +64,6 @@ def test_verdicts_and_profiles() -> None:
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-@pytest.mark.xfail(strict=False, reason="issue 40: fencing not yet built")
 def test_short_profile_is_never_silently_wrong_nor_hung(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "probes.nemesis", "--profile", "short", "--out", str(tmp_path)],
