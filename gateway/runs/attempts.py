@@ -15,7 +15,7 @@ moves to the next leg, and past the last it gives up with the last error
 
 Every attempt is counted (``gateway_upstream_attempts_total``) and tells its
 upstream's circuit breaker what it says of the upstream's health. The run loop
-(gateway/run.py) asks; this module decides.
+(gateway/runs/run.py) asks; this module decides.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ stream ends with the protocol's in-band error (section 2 item 6, section 2a).
 The loop knows its protocol (chat completions, Responses, Messages) only through
 its ``Adapter`` (``gateway.protocols``): decoding, the splicer, request bodies. Which
 leg each attempt goes to, and when (retries, backoff, fallbacks, circuits), is
-``Attempts``'s to decide (gateway/attempts.py).
+``Attempts``'s to decide (gateway/runs/attempts.py).
 
 Hot path (per chunk): one orjson parse, the splicer's dict lookups, and the
 received bytes forwarded when nothing needs rewriting; with a ``min_throughput``, a
