@@ -64,17 +64,26 @@ async def asked(
     gateway = gateway_of(request)
     client_authorization = gateway.auth.authorize(request)
     resumed = request.headers.get("x-run-id")
-    if resumed is not None:
-        rest = await resume_stream(request, gateway, resumed)
-        if isinstance(rest, Response):
-            return rest
-        body = parse_json_object(rest.body)  # the client had none of it: a new run
-    else:
-        body = await gateway.read_json(request)
     query = run_query(request.scope["query_string"])
-    if shape is not None:
-        body = shape(body)
-    return routed(gateway, adapter, body, client_authorization, started, query, label=request_log())
+    label = request_log()
+    if resumed is None:
+        body = await gateway.read_json(request)
+        body = shape(body) if shape is not None else body
+        return routed(gateway, adapter, body, client_authorization, started, query, label=label)
+    rest = await resume_stream(request, gateway, resumed)
+    if isinstance(rest, Response):
+        return rest
+    # The client had none of the run: a new run of its request, if it makes one (else
+    # the resume's own answer: it asked for a run).
+    try:
+        body = parse_json_object(rest.body)
+        body = shape(body) if shape is not None else body
+        new = routed(gateway, adapter, body, client_authorization, started, query, label=label)
+    except GatewayError:
+        raise rest.error from None
+    label.resumed_from = None
+    label.extra.pop("run_id", None)  # the new run's id goes in its line
+    return new
 
 
 def routed(

@@ -148,9 +148,11 @@ async def run_events(request: Request) -> Response:
 
 class Fresh(NamedTuple):
     """A resume from nothing of a run that cannot be resumed here: the request's body, for
-    a new run of it (a client that holds nothing loses nothing to a fresh answer)."""
+    a new run of it (a client that holds nothing loses nothing to a fresh answer), and
+    the resume's own error, the answer should the body make no run."""
 
     body: bytes
+    error: Exception
 
 
 async def resume_stream(request: Request, gateway: Gateway, run_id: str) -> Response | Fresh:
@@ -161,11 +163,10 @@ async def resume_stream(request: Request, gateway: Gateway, run_id: str) -> Resp
     after = parse_offset(request.headers.get("x-resume-from"), "x-resume-from")
     try:
         body = await resume_run(request, gateway, run_id, after, ids=False)
-    except (NotFound, ServiceUnavailable):
+    except (NotFound, ServiceUnavailable) as exc:
         if after or not raw:
             raise
-        request_log().extra.pop("run_id", None)  # a new run's, not this one's
-        return Fresh(raw)
+        return Fresh(raw, exc)
     if body is not None and speaks_gemini(request):
         body = errors_apart(body, GEMINI)
     return RunStream(body if body is not None else no_events(), {"x-run-id": run_id})
