@@ -247,7 +247,8 @@ class CheckpointWriter:
                 held += 1
                 continue
             self._rewrite.discard(run.id)
-            self._failing.pop(run.id, None)
+            if result is not Applied.UNREPLICATED:  # held long enough: the next go at once
+                self._failing.pop(run.id, None)
             if result is Applied.FENCED:
                 self._fenced(run)
             elif result is Applied.UNREPLICATED:

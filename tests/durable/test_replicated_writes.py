@@ -213,16 +213,20 @@ def test_events_wait_through_a_store_failure_for_unprotected_after_then_go_out()
         await asyncio.sleep(hold / 2 + PROBE_WAIT)
         assert await writer.write_due()  # held for unprotected_after: it goes out, counted
         assert run.flushed_seq == 2 and writes(metrics, "unreplicated") == 3
+        run.add()
+        writer.mark(run)
+        assert await writer.write_due()  # still none acknowledged: the next go out at once
+        assert run.flushed_seq == 3 and writes(metrics, "unreplicated") == 4
         store.answer = Applied.WRITTEN
         run.add()
         writer.mark(run)
         assert await writer.write_due()  # acknowledged again: held again at the next one
-        assert run.flushed_seq == 3 and writes(metrics, "ok") == 2
+        assert run.flushed_seq == 4 and writes(metrics, "ok") == 2
         store.answer = Applied.UNREPLICATED
         run.add()
         writer.mark(run)
         assert await writer.write_due()
-        assert run.flushed_seq == 3
+        assert run.flushed_seq == 4
 
     asyncio.run(go())
 
