@@ -242,6 +242,8 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("finished", "over_budget"):  # both exported from the start, at 0
+            self.detached_evicted.labels(reason)
         self.runs_too_large = Counter(
             "gateway_runs_too_large_total",
             "Answers ended with an error (code run_too_large) because their events passed "
