@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
+
+from gateway.demo.report import columns  # as the demo counts them: wide characters take two
 
 _SGR = re.compile(r"\033\[([0-9;]*)m")
 
@@ -21,16 +22,6 @@ CELL = FONT_SIZE * 0.6  # a monospace character's advance, in px
 LINE = 18
 PAD = 16
 TITLE_BAR = 30
-
-
-def columns(text: str) -> int:
-    """Terminal columns, as the demo's report counts them: wide characters take two."""
-    total = 0
-    for char in text:
-        if unicodedata.category(char) in ("Mn", "Me", "Cf"):
-            continue
-        total += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
-    return total
 
 
 @dataclass(frozen=True)

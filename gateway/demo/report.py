@@ -22,7 +22,7 @@ _PIECES = re.compile(r"\s*\S+|\s+")
 LABEL = 10  # width of a field's label
 
 
-def _width(text: str) -> int:
+def columns(text: str) -> int:
     """Terminal columns, roughly: wide East Asian characters and emoji take two."""
     total = 0
     for char in text:
@@ -77,12 +77,12 @@ class Report:
     def live(self, text: str) -> None:
         """Write streamed text as it arrives, wrapped under the field indent."""
         for piece in _PIECES.findall(text):
-            if self._column > len(self.indent) and self._column + _width(piece) > self.width:
+            if self._column > len(self.indent) and self._column + columns(piece) > self.width:
                 self.out.write("\n" + self.indent)
                 self._column = len(self.indent)
                 piece = piece.lstrip()
             self.out.write(piece)
-            self._column += _width(piece)
+            self._column += columns(piece)
         self.out.flush()
 
     def end_live(self) -> None:
