@@ -16,22 +16,30 @@ Whatever the legs do, the splicer keeps:
   text; exactly one terminal event, ``response.completed`` or ``response.incomplete``
   with usage summed over legs, or ``error`` + ``response.failed``.
 
+Whatever the upstream's dialect: an item's event without ``output_index`` (llama.cpp's
+server sends none, nor ``content_index`` or ``sequence_number``) is placed by its
+``item_id``, else in the item added last, and counted as OpenAI's would be; one that
+no item can take ends the answer with the explicit error.
+
 Fast path: on the first leg, an event whose numbering and indices need no change
 goes out as the bytes received, behind its ``event:`` line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
 
+from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
 from gateway.protocols.responses_items import ResponsesAccumulator
 from gateway.protocols.responses_splice import TEXT_DELTAS, ResponsesSplicer, frame
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
+from gateway.upstream.continuation import ContinuationRequest
 
 # -- decoding ---------------------------------------------------------------------------
 
@@ -95,6 +103,21 @@ def for_continuation(body: dict[str, Any]) -> dict[str, Any]:
     return body | {"input": input_items(body)}
 
 
+def typed_continuation(body: dict[str, Any], continued: ContinuationRequest) -> ContinuationRequest:
+    """``continued`` with the items it added to ``body``'s ``input`` typed as messages:
+    the type is optional in OpenAI's API, but a server may refuse an assistant item
+    without it (llama.cpp's: "Cannot determine type of 'item'")."""
+    items = continued.body.get("input")
+    given = len(input_items(body))
+    if not isinstance(items, list) or len(items) <= given:
+        return continued
+    added = [
+        {"type": "message"} | item if isinstance(item, dict) and "role" in item else item
+        for item in items[given:]
+    ]
+    return dataclasses.replace(continued, body=continued.body | {"input": items[:given] + added})
+
+
 # -- replay and the assembled answer ----------------------------------------------------
 
 
@@ -120,6 +143,8 @@ class ResponsesAdapter(Adapter):
     name = "responses"
     path = "/responses"
     turns = "input"
+    budget_fields = ("max_output_tokens",)
+    format_field = ("text", "format")
     aliased = True
 
     def parse_event(self, data: bytes) -> Event:
@@ -151,6 +176,18 @@ class ResponsesAdapter(Adapter):
 
     def for_continuation(self, body: dict[str, Any]) -> dict[str, Any]:
         return for_continuation(body)
+
+    def continuation(
+        self,
+        body: dict[str, Any],
+        capability: Continuation,
+        sent: RunAccumulator,
+        prompt: str,
+        *,
+        anchored: bool,
+    ) -> ContinuationRequest | None:
+        continued = super().continuation(body, capability, sent, prompt, anchored=anchored)
+        return None if continued is None else typed_continuation(body, continued)
 
     def assemble(self, accumulator: RunAccumulator) -> dict[str, Any]:
         assert isinstance(accumulator, ResponsesAccumulator)

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamFailure
 from gateway.protocols.responses_items import Item, ResponsesAccumulator
 from gateway.recovery.accumulator import ToolCall
 from gateway.recovery.events import Chunk
@@ -49,6 +49,45 @@ TEXT_DELTAS = frozenset(
 )
 _REASONING_DELTAS = frozenset(
     {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
+)
+# Events of an output item: OpenAI's carry its ``output_index``. Some servers' do not
+# (llama.cpp's ``llama-server`` sends no ``output_index``, ``content_index`` nor
+# ``sequence_number``): such an event is placed by its ``item_id``, else in the item added
+# last (``ResponsesSplicer._placed_by_id``). An event with an ``item_id`` is one too.
+ITEM_EVENTS = frozenset(
+    {
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.output_text.annotation.added",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_part.done",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+    }
+)
+# The item events that name a content part (``content_index``).
+_CONTENT_EVENTS = frozenset(
+    {
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.output_text.annotation.added",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+    }
 )
 # Events of a message item that the gateway renders itself from the client's text.
 _MESSAGE_DONE = frozenset(
@@ -92,6 +131,13 @@ class ResponsesSplicer(Legs):
         self._pending: dict[int, list[dict[str, Any]]] = {}
         self._held: dict[int, Held] = {}
         self._ids: set[str] = {item.id for item in accumulator.items}
+        # Where this leg's events without an output_index go (``_placed_by_id``): its
+        # items by the ids they are named by, the one added last, the index the next
+        # one added without an index gets, and each item's content parts so far.
+        self._upstream_ids: dict[str, int] = {}
+        self._last_added: int | None = None
+        self._next_index = 0
+        self._parts: dict[int, int] = {}
 
     # -- what recovery needs to know (as the chat splicer) ----------------------------
 
@@ -117,6 +163,10 @@ class ResponsesSplicer(Legs):
         self._map.clear()
         self._continued.clear()
         self._pending.clear()
+        self._upstream_ids.clear()
+        self._last_added = None
+        self._next_index = 0
+        self._parts.clear()
 
     # -- events -----------------------------------------------------------------------
 
@@ -137,12 +187,15 @@ class ResponsesSplicer(Legs):
             if item is not _UNSEEN:
                 return self._item_event(chunk, kind, index, item)
             if kind == "response.output_item.added":
+                self._opened(index, obj)
                 return self._added(chunk, index)
             return None  # an event for an item that was never added: nothing to attach it to
         if kind in LIFECYCLE:
             return self._lifecycle(chunk, kind)
         if kind in TERMINAL:
             return self._terminal(obj, kind)
+        if kind in ITEM_EVENTS or "item_id" in obj:  # an item's, without its output_index
+            return self._placed_by_id(chunk, kind)
         if self.leg == 0:  # anything else of the response itself: as it came
             return self._emit(chunk, obj)
         return None
@@ -153,10 +206,18 @@ class ResponsesSplicer(Legs):
         if type(response) is not dict:
             return None
         if sent.response is None:
+            obj = chunk.obj
+            if response.get("created_at") is None or response.get("model") is None:
+                # A server that leaves them out (llama.cpp's): the gateway's, as in ``fail``.
+                response = response | {
+                    "created_at": response.get("created_at") or int(time.time()),
+                    "model": response.get("model") or self._model,
+                }
+                obj = obj | {"response": response}
             sent.response = response | {"output": [], "usage": None}
             sent.identity = {k: response.get(k) for k in ("id", "created_at", "model")}
             sent.role = "assistant"
-            return self._emit(chunk, chunk.obj)
+            return self._emit(chunk, obj)
         if self.leg == 0 and kind != "response.created":
             return self._emit(chunk, chunk.obj | {"response": self._client_response(response)})
         return None  # a later leg's own identity: the client keeps the first
@@ -164,6 +225,81 @@ class ResponsesSplicer(Legs):
     def _client_response(self, response: dict[str, Any]) -> dict[str, Any]:
         identity = self.sent.identity or {}
         return response | identity
+
+    # -- events without an output_index (a server's dialect) --------------------------
+
+    def _opened(self, index: int, obj: dict[str, Any]) -> None:
+        """This leg's item ``index`` was added: an event without an output_index that
+        names it (``item_id``), or names none, goes to it."""
+        self._last_added = index
+        if index >= self._next_index:
+            self._next_index = index + 1
+        item = obj.get("item")
+        if type(item) is dict:
+            name = item.get("id")
+            if type(name) is str and name:
+                self._upstream_ids[name] = index
+            # llama.cpp's function call has no id: its events name it by its call_id.
+            call_id = item.get("call_id")
+            if type(call_id) is str and call_id:
+                self._upstream_ids.setdefault(call_id, index)
+
+    def _placed_by_id(self, chunk: Chunk, kind: str) -> bytes | None:
+        """An item's event without its ``output_index`` (llama.cpp's server sends none, nor
+        a ``content_index`` or ``sequence_number``), spliced as OpenAI's would be: in the
+        item its ``item_id`` names (llama.cpp closes its items only at the end, each by
+        name), else the item added last; a missing ``content_index`` is that item's
+        current content part. So what the client is given is counted as sent whatever
+        the dialect. An event no open item can take ends the answer with the explicit
+        error (``UpstreamFailure``): never text the gateway did not count."""
+        obj = chunk.obj
+        if kind == "response.output_item.added":
+            index = self._next_index
+        else:
+            index = self._item_of(obj, kind)
+        # No sequence_number: the event is rendered in the client's numbering, never
+        # passed through as received (it lacks what the client reads).
+        fields: dict[str, Any] = {"output_index": index, "sequence_number": None}
+        if kind in _CONTENT_EVENTS and type(obj.get("content_index")) is not int:
+            parts = self._parts.get(index, 0)
+            if kind == "response.content_part.added":
+                self._parts[index] = parts + 1
+                fields["content_index"] = parts
+            else:
+                fields["content_index"] = max(parts - 1, 0)
+        # What OpenAI's events always carry and the SDKs' types require.
+        if kind in ("response.output_text.delta", "response.output_text.done"):
+            if "logprobs" not in obj:
+                fields["logprobs"] = []
+        elif kind == "response.content_part.added":
+            part = obj.get("part")
+            if type(part) is dict and part.get("type") == "output_text":
+                fields["part"] = {"annotations": []} | part
+        return self.feed(Chunk(chunk.data, obj | fields))
+
+    def _item_of(self, obj: dict[str, Any], kind: str) -> int:
+        """The index of this leg's item an event without an output_index belongs to."""
+        name = obj.get("item_id")
+        if kind == "response.output_item.done":
+            item = obj.get("item")
+            if type(item) is dict:
+                name = item.get("id") or item.get("call_id") or name
+        index = self._upstream_ids.get(name) if type(name) is str else None
+        if index is not None:
+            return index
+        index = self._last_added
+        if index is not None:
+            item = self._map.get(index)
+            if item is None or item.done is None:  # held, pending, not sent, or open
+                return index
+        chars = self.sent.text_chars
+        after = f" (after {chars} characters of the answer)" if chars else ""
+        raise UpstreamFailure(
+            f"The upstream sent a {kind!r} event without an output_index outside any "
+            f"output item it had added, which the gateway cannot place{after}; the "
+            "answer is incomplete.",
+            code="upstream_bad_response",
+        )
 
     def _added(self, chunk: Chunk, index: int) -> bytes | None:
         obj = chunk.obj
@@ -280,6 +416,10 @@ class ResponsesSplicer(Legs):
             if type(part) is dict and part.get("type") == "output_text":
                 placed["part"] = part | {"text": text}
         else:
+            if item.done is not None:
+                # Closed already, with its text: an item the upstream said done after the
+                # next one (llama.cpp says every item done at the end) was released.
+                return out or None
             item.done = item.message("completed")
             placed["item"] = item.done
         return out + self._render(placed)
@@ -458,6 +598,13 @@ class ResponsesSplicer(Legs):
         """End the answer with the function calls the client has (SynthesizeToolUse)."""
         self._held.clear()
         return self._finish("completed")
+
+    def end_at_budget(self) -> bytes:
+        """End the answer where its ``max_output_tokens`` ran out (FinishAtBudget): the
+        ``response.incomplete`` the unbroken answer would have ended with."""
+        self._held.clear()
+        self.sent.incomplete_details = {"reason": "max_output_tokens"}
+        return self._finish("incomplete")
 
     def close(self) -> bytes:
         return b""  # the terminal event went out with the answer's end

