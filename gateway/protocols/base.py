@@ -9,6 +9,8 @@ know a protocol only through an ``Adapter``:
   legs into the client's stream in the protocol's own shape, recording what it sent
   in a ``RunAccumulator``; the terminal events; the assembled non-streaming answer;
 - **continue**: the upstream request of a leg, and of a continuation (``SeamRule``);
+  the request's constraints a continuation must keep: its output budget (read and
+  lowered to what is left) and whether it asks for structured output;
 - **replay**: the client's view rebuilt from the events it was sent (a takeover).
 
 Adding a protocol adds an adapter; the loop, the run log and checkpoints stay as they are.
@@ -50,6 +52,7 @@ class ClientStream(Protocol):
     def feed(self, chunk: Chunk) -> bytes | None: ...
     def end_leg(self) -> None: ...
     def synthesize_tool_use(self) -> bytes: ...
+    def end_at_budget(self) -> bytes: ...
     def close(self) -> bytes:
         """The end of a successful answer (the answer is finished)."""
         ...
@@ -75,6 +78,11 @@ class Adapter(ABC):
     # in a write of its own: a client that raises only on an error read alone (Gemini's
     # JS SDK) needs it apart; 0: written as the events come.
     error_pause: ClassVar[float] = 0.0
+    # The request's output budget (``max_tokens`` and kin): every field that sets one.
+    budget_fields: ClassVar[tuple[str, ...]] = ()
+    # The request's structured-output setting: (field, key) of a dict whose ``type``
+    # names a document format (chat's ``response_format``, Responses' ``text.format``).
+    format_field: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def parse_event(self, data: bytes) -> Event:
@@ -105,6 +113,24 @@ class Adapter(ABC):
     def upstream_body(self, body: dict[str, Any], model: str) -> dict[str, Any]:
         """The request a leg sends: always streaming (a non-streaming client's answer
         is assembled by the gateway, with the same recovery)."""
+
+    def budget(self, body: dict[str, Any]) -> int | None:
+        """The most output tokens the client's request allows (None: it sets no limit)."""
+        limits = [body.get(name) for name in self.budget_fields]
+        counts = [n for n in limits if type(n) is int and n > 0]
+        return min(counts) if counts else None
+
+    def with_budget(self, body: dict[str, Any], tokens: int) -> dict[str, Any]:
+        """``body`` asking for at most ``tokens`` output tokens (what is left of the
+        client's budget after the legs before): in each field the client set."""
+        return body | {name: tokens for name in self.budget_fields if name in body}
+
+    def structured(self, body: dict[str, Any]) -> bool:
+        """Whether the request asks for a JSON document (a schema, or JSON mode)."""
+        value: Any = body
+        for name in self.format_field:
+            value = value.get(name) if isinstance(value, dict) else None
+        return isinstance(value, dict) and value.get("type") in ("json_schema", "json_object")
 
     def for_continuation(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` as a continuation starts from (its ``turns`` a list)."""

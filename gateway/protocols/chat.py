@@ -145,6 +145,8 @@ class ChatSplicer(Splicer):
 class ChatAdapter(Adapter):
     name = "chat"
     path = "/chat/completions"
+    budget_fields = ("max_completion_tokens", "max_tokens")
+    format_field = ("response_format",)
 
     def parse_event(self, data: bytes) -> Event:
         return parse_event(data)

@@ -192,6 +192,14 @@ class Splicer(Legs):
         self.finished = True
         return sse(orjson.dumps(self._chunk({}, "tool_calls")))
 
+    def end_at_budget(self) -> bytes:
+        """End the answer where its output budget ran out (plan FinishAtBudget): as the
+        unbroken answer would have, with ``length``."""
+        self._held.clear()
+        self.sent.finish_reason = "length"
+        self.finished = True
+        return sse(orjson.dumps(self._chunk({}, "length")))
+
     def close(self) -> bytes:
         """The end of a successful answer: the usage chunk if asked, then ``[DONE]``."""
         return self.usage_chunk() + b"data: [DONE]\n\n"

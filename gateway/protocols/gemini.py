@@ -113,6 +113,22 @@ class GeminiAdapter(Adapter):
     # stream, as "Incomplete JSON segment", never a clean end).
     error_pause = 0.1
 
+    def budget(self, body: dict[str, Any]) -> int | None:
+        tokens = _generation_config(body).get("maxOutputTokens")
+        return tokens if type(tokens) is int and tokens > 0 else None
+
+    def with_budget(self, body: dict[str, Any], tokens: int) -> dict[str, Any]:
+        config = _generation_config(body) | {"maxOutputTokens": tokens}
+        return body | {"generationConfig": config}
+
+    def structured(self, body: dict[str, Any]) -> bool:
+        config = _generation_config(body)
+        return (
+            config.get("responseMimeType") == "application/json"
+            or config.get("responseSchema") is not None
+            or config.get("responseJsonSchema") is not None
+        )
+
     def parse_event(self, data: bytes) -> Event:
         return parse_event(data)
 
@@ -213,3 +229,8 @@ def model_parts(sent: GeminiAccumulator, text: str) -> list[dict[str, Any]]:
 
 
 GEMINI = GeminiAdapter()
+
+
+def _generation_config(body: dict[str, Any]) -> dict[str, Any]:
+    config = body.get("generationConfig")
+    return config if type(config) is dict else {}

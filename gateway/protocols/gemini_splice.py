@@ -177,13 +177,20 @@ class GeminiSplicer(Legs):
 
     def synthesize_tool_use(self) -> bytes:
         """End the answer with the calls the client has, and those held (whole)."""
+        return self._end("STOP")
+
+    def end_at_budget(self) -> bytes:
+        """End the answer where its ``maxOutputTokens`` ran out (FinishAtBudget)."""
+        return self._end("MAX_TOKENS")
+
+    def _end(self, reason: str) -> bytes:
         parts, self._held = self._held, []
         if not parts:
             parts = [{"text": ""}]
         self._record(parts, self.sent.candidate)
-        self.sent.finish_reason = "STOP"
+        self.sent.finish_reason = reason
         self.finished = True
-        candidate = self.sent.candidate | {"finishReason": "STOP"}
+        candidate = self.sent.candidate | {"finishReason": reason}
         obj = {"candidates": [candidate], "usageMetadata": self.sent.usage or {}}
         return self._render(obj, parts, None)
 

@@ -95,6 +95,14 @@ class MessagesAdapter(Adapter):
     name = "messages"
     path = "/messages"  # under an anthropic upstream's /v1 (config.Upstream.api_root)
     keepalive = PING
+    budget_fields = ("max_tokens",)
+
+    def structured(self, body: dict[str, Any]) -> bool:
+        # Structured outputs: ``output_config.format`` (and the beta's ``output_format``).
+        config = body.get("output_config")
+        nested = config.get("format") if type(config) is dict else None
+        formats = (body.get("output_format"), nested)
+        return any(type(f) is dict and f.get("type") == "json_schema" for f in formats)
 
     def parse_event(self, data: bytes) -> Event:
         return parse_event(data)

@@ -306,6 +306,10 @@ class MessagesSplicer(Legs):
         """End the answer with the tool uses the client has (SynthesizeToolUse)."""
         return self._finish("tool_use", {}, upstream=False)
 
+    def end_at_budget(self) -> bytes:
+        """End the answer where its ``max_tokens`` ran out (FinishAtBudget)."""
+        return self._finish("max_tokens", {}, upstream=False)
+
     def close(self) -> bytes:
         return MESSAGE_STOP
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.recovery.usage import LegMeasure, estimate_usage, summed
+from gateway.recovery.usage import LegMeasure, estimate_usage, output_spent, summed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -133,6 +133,13 @@ class RunAccumulator:
                 if estimate is not None:
                     estimates[leg] = estimate
         return estimates
+
+    def output_spent(self) -> int:
+        """Output tokens every leg so far produced, reported or estimated per delta
+        (``gateway.recovery.usage.output_spent``): the client's budget less this is
+        what a continuation may ask for."""
+        output = self.usage_counts[1]
+        return output_spent(self._measures, self._usage_by_leg, self._restored_estimates, output)
 
     @property
     def usage(self) -> dict[str, Any] | None:

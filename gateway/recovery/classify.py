@@ -21,6 +21,9 @@ class Cause(enum.StrEnum):
     SLOW = "slow"  # below the route's min_throughput: the next leg at once
     REPLICA_LOST = "replica_lost"  # the gateway replica relaying the run died (crash resume)
     DETACHED = "detached"  # the run was stopped while no client listened; resumed later
+    # A continuation's reply did not do as asked (no anchor, no restart), or a verified
+    # replay did not begin with what the client has: never shown (ARCHITECTURE.md 6b).
+    DIVERGED = "diverged"
 
 
 def classify_transport_error(exc: BaseException) -> Cause:
@@ -47,6 +50,7 @@ DESCRIPTIONS = {
     Cause.SLOW: "streamed below the minimum throughput",
     Cause.REPLICA_LOST: "was being relayed by a gateway replica that stopped",
     Cause.DETACHED: "was stopped while no client was listening",
+    Cause.DIVERGED: "answered the continuation with text that does not follow the answer",
 }
 
 

@@ -10,10 +10,11 @@ forgets in ``forget_leg``.
 from __future__ import annotations
 
 from gateway.recovery.accumulator import RunAccumulator
-from gateway.recovery.plan import Plan, Sent
+from gateway.recovery.plan import CONTINUED, Plan, Sent
 from gateway.recovery.seam import SeamRule, Seams, SeamTrimmer
 
-CONTINUED = (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL)
+# Plans whose leg repeats some of what the client has first (a seam to trim).
+SEAMED = CONTINUED | {Plan.VERIFIED_REPLAY}
 
 
 class Legs:
@@ -60,7 +61,7 @@ class Legs:
         self.leg += 1
         self.forget_leg()
         self._dropped = []
-        rule = seam if plan in CONTINUED else None
+        rule = seam if plan in SEAMED else None
         self.seam = self._seams.next_leg(self.sent.text, rule)
 
     def end_leg(self) -> None:

@@ -11,6 +11,17 @@ class Plan(enum.StrEnum):
     CONTINUE_TEXT = "continue_text"  # text sent: continue it from the prefix
     SYNTHESIZE_TOOL_USE = "synthesize_tool_use"  # completed calls sent: finish with them
     TRUNCATE_BEFORE_TOOL = "truncate_before_tool"  # text + a half call: drop it, continue
+    # The client's output budget is spent: end as the unbroken answer would (``length``).
+    FINISH_AT_BUDGET = "finish_at_budget"
+    # The client's request again, kept only if it begins with all the client has: for
+    # an answer a continuation cannot extend exactly (structured output), or after a
+    # continuation that did not do as asked.
+    VERIFIED_REPLAY = "verified_replay"
+
+
+CONTINUED = frozenset({Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL})
+# Plans that end the answer with what the client has, without an upstream call.
+ENDS_HERE = frozenset({Plan.SYNTHESIZE_TOOL_USE, Plan.FINISH_AT_BUDGET})
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,11 +33,31 @@ class Sent:
     in_flight_tool_call: bool
 
 
-def plan_recovery(sent: Sent) -> Plan:
+def plan_recovery(
+    sent: Sent,
+    *,
+    budget_left: int | None = None,
+    structured: bool = False,
+    diverged: bool = False,
+) -> Plan:
+    """The plan for a stream that broke after ``sent``.
+
+    ``budget_left``: output tokens the client's request still allows (None: it set no
+    limit); ``structured``: the request asks for a document in a schema, which a
+    continuation cannot extend exactly (a server's grammar does not carry the prefix's
+    state, a prompt-mode reply opens a new document); ``diverged``: the last leg was a
+    continuation that did not do as asked.
+    """
     if sent.completed_tool_calls:
         # The completed calls are a usable answer on their own; a continuation
         # could only add calls the client would then have to reconcile.
         return Plan.SYNTHESIZE_TOOL_USE
-    if sent.text_chars:
-        return Plan.TRUNCATE_BEFORE_TOOL if sent.in_flight_tool_call else Plan.CONTINUE_TEXT
-    return Plan.WHOLE_RESTART
+    if not sent.text_chars:
+        return Plan.WHOLE_RESTART
+    if structured or diverged:
+        # The whole request again, with its whole budget: it ends where the unbroken
+        # answer does by itself.
+        return Plan.VERIFIED_REPLAY
+    if budget_left is not None and budget_left <= 0:
+        return Plan.FINISH_AT_BUDGET
+    return Plan.TRUNCATE_BEFORE_TOOL if sent.in_flight_tool_call else Plan.CONTINUE_TEXT

@@ -11,11 +11,16 @@ text. So the seam is trimmed only by what the continuation request makes known
   is cut.
 - ``prompt`` upstreams are asked to begin their reply with a quoted anchor, the
   last words of the text (``anchor_tail``): a reply that begins with it loses
-  exactly the anchor. A reply that begins with everything the client has is a
-  restart from the beginning, whatever its length, and loses exactly that. Any
-  other reply is released whole. The residual risk — a model that ignores the
-  anchor yet happens to begin with it, or echoes some other length — is
-  measured in BENCHMARKS.md ("Seam").
+  exactly the anchor (leading whitespace before it tolerated, and cut too). A reply
+  that begins with everything the client has is a restart from the beginning,
+  whatever its length, and loses exactly that. Any other reply did not do as asked
+  and is never shown (``verify``): the trimmer says ``diverged`` and the run tries
+  another way (a verified replay) or ends with the explicit error (ARCHITECTURE.md
+  6b, rule 1). The residual risk — a model that ignores the anchor yet happens to
+  begin with it — is measured in BENCHMARKS.md ("Seam").
+- a **verified replay** (the same request again, for an answer a continuation cannot
+  extend: structured output, a prompt-mode reply that did not follow) must begin
+  with everything the client has: that is cut, anything else is ``diverged``.
 
 While the reply could still be the anchor or a restart, it is held, so the seam
 costs the anchor's length in latency (a few deltas), and a restart is held until
@@ -51,6 +56,13 @@ class SeamRule:
 
     echo: str | None  # the exact text it begins with (the anchor, or the whole prefix)
     restart: bool  # a reply that begins with the whole prefix is a restart
+    # A reply that is neither the echo nor a restart did not do as asked: never shown.
+    verify: bool = False
+
+
+class SeamDiverged(Exception):
+    """A verified seam's reply began with neither what it was asked to repeat nor the
+    whole answer so far: nothing of it reached the client (``Run`` tries another way)."""
 
 
 class SeamTrimmer:
@@ -60,9 +72,11 @@ class SeamTrimmer:
         self._sent = sent
         self._echo = rule.echo or None
         self._restart = rule.restart
+        self._verify = rule.verify
         self._pending = ""
         self.trimmed = 0  # characters cut
-        self.outcome: str | None = None  # "echo", "restart" or "none", once decided
+        # "echo", "restart", "none" or "diverged" (not shown), once decided
+        self.outcome: str | None = None
         self.done = not sent
 
     def feed(self, text: str) -> str:
@@ -91,15 +105,25 @@ class SeamTrimmer:
         """(outcome, characters to cut), or None while it cannot be known yet."""
         echo, sent = self._echo, self._sent
         if echo is not None:
-            if pending.startswith(echo):
-                return "echo", len(echo)
-            if not final and echo.startswith(pending):
+            # A verified reply may put whitespace before the anchor (a newline after
+            # the instruction): certainly harmless, and cut with it. Nothing else is.
+            lead = 0
+            if self._verify and not echo[0].isspace():
+                lead = len(pending) - len(pending.lstrip())
+                if lead == len(pending) and not final:
+                    return None  # whitespace only so far
+            if pending.startswith(echo, lead):
+                return "echo", lead + len(echo)
+            if not final and echo.startswith(pending[lead:]):
                 return None
         if self._restart:
             if pending.startswith(sent):
                 return "restart", len(sent)
             if not final and sent.startswith(pending):
                 return None
+        if self._verify:
+            self.outcome, self.done, self._pending = "diverged", True, ""
+            raise SeamDiverged(pending[:80])
         return "none", 0
 
     def _decide(self, pending: str, cut: tuple[str, int]) -> str:

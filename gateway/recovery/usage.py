@@ -22,7 +22,8 @@ reported usage (``RunAccumulator.estimated_by_leg``) and counted apart in the me
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,39 @@ def estimate_usage(
     if total is not None:  # chat's total_tokens, Gemini's totalTokenCount
         usage[total] = usage[input_name] + usage[output_name]
     return usage
+
+
+def output_spent(
+    measures: Mapping[int, LegMeasure],
+    reported: Mapping[int, dict[str, Any]],
+    restored: Mapping[int, dict[str, int]],
+    output_name: str,
+) -> int:
+    """Output tokens the run's legs so far produced: what a continuation's budget is
+    the client's less (ARCHITECTURE.md 6b, rule 4).
+
+    A leg that reported its usage counts what it reported. One that broke counts its
+    deltas at the run's own tokens per delta where a leg calibrated it, else one token
+    per delta, as OpenAI-compatible servers stream (never the characters' estimate, which
+    would end an exact prefill continuation early or late); what it reported of its own
+    (Messages' running count) is a floor. ``restored``: another replica's estimates for
+    the legs it relayed (a takeover).
+    """
+    calibration = [
+        (m.output_deltas, _count(reported[leg], output_name))
+        for leg, m in measures.items()
+        if not m.broke and leg in reported
+    ]
+    per_delta = _rate(calibration) if any(d and t for d, t in calibration) else 1.0
+    spent = sum(_count(u, output_name) for leg, u in restored.items() if leg not in measures)
+    for leg, measure in measures.items():
+        own = _count(reported.get(leg), output_name)
+        spent += (
+            own
+            if not measure.broke and leg in reported
+            else max(own, math.ceil(measure.output_deltas * per_delta - 1e-9))
+        )
+    return spent
 
 
 def summed(legs: Sequence[dict[str, Any]], counts: Sequence[str]) -> dict[str, Any]:

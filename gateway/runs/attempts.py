@@ -98,7 +98,7 @@ class Attempts:
         """A stream broke: where (and after how long) its continuation is opened."""
         if cause in (Cause.FIRST_BYTE_TIMEOUT, Cause.SLOW):
             self.next_leg(failure)  # a silent or crawling leg again only multiplies the wait
-        elif cause not in (Cause.REPLICA_LOST, Cause.DETACHED):
+        elif cause not in (Cause.REPLICA_LOST, Cause.DETACHED, Cause.DIVERGED):
             await self.backoff(failure, idle=cause is Cause.IDLE)
 
     async def backoff(

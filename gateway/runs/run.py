@@ -6,10 +6,15 @@ The loop (ARCHITECTURE.md sections 3 and 4)::
                │ headers                     retry with backoff, then the next leg ◄┘
     relay:   chunks ──► Splicer ──► client bytes
                │ interruption (reset, stall, GOAWAY, in-band error, truncated end, too slow)
-    recover: plan from what the client has ──► SynthesizeToolUse: finish, no upstream call
-               │ WholeRestart / ContinueText / TruncateBeforeTool
+    recover: plan from what the client has ──► SynthesizeToolUse / FinishAtBudget:
+               │                                    finish, no upstream call
+               │ WholeRestart / ContinueText / TruncateBeforeTool / VerifiedReplay
              backoff (~200 ms after a stall), open the continuation on this leg, or on
              the next once this leg's budget is spent ──► relay again (same client stream)
+
+A continuation asks for what is left of the client's output budget; a reply that did
+not do as asked (``SeamDiverged``) is never shown: a verified replay follows it, and a
+replay that diverges too ends the answer with the explicit error.
 
 Errors before the client stream started are HTTP errors (``open``); after it, the
 stream ends with the protocol's in-band error (section 2 item 6, section 2a).
@@ -59,12 +64,13 @@ from gateway.recovery.classify import (
     is_transient_error,
 )
 from gateway.recovery.events import Chunk, Done, InBandError, Malformed
-from gateway.recovery.plan import Plan, plan_recovery
-from gateway.recovery.seam import SeamRule
+from gateway.recovery.plan import CONTINUED, ENDS_HERE, Plan, plan_recovery
+from gateway.recovery.seam import SeamDiverged, SeamRule
 from gateway.recovery.throughput import ThroughputGuard
 from gateway.runs.attempts import Attempts, attempt_result
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.connection import set_read_timeout, whole
+from gateway.upstream.continuation import REPLAY
 from gateway.upstream.routes import ResolvedLeg, ResolvedRoute
 from gateway.upstream.sse import event_stream
 
@@ -206,7 +212,9 @@ class Run:
         self.accumulator.origin = leg.upstream.kind
         self._seam = None
         self._prefilled = False
-        if self._plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
+        if self._plan is Plan.VERIFIED_REPLAY:
+            self._seam = REPLAY  # the same request: kept if it repeats what was sent
+        elif self._plan in CONTINUED:
             continued = self.adapter.continuation(
                 body,
                 self._upstreams.continuation_of(leg),
@@ -219,10 +227,18 @@ class Run:
             body = continued.body
             self._seam = continued.seam
             self._prefilled = continued.prefill
+            left = self._budget_left()
+            if left is not None:  # > 0: a spent budget finished the answer instead
+                body = self.adapter.with_budget(body, left)
         body = self._upstreams.upstream_body(leg, body)  # as its provider takes it
         # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
         # shrunk, and this one is kept (by the upstream request) as long as the run.
         return bytes(memoryview(orjson.dumps(body)))
+
+    def _budget_left(self) -> int | None:
+        """Output tokens the client's request still allows (None: it set no limit)."""
+        budget = self.adapter.budget(self._body)
+        return None if budget is None else budget - self.accumulator.output_spent()
 
     def idle_timeout(self, leg: ResolvedLeg) -> float:
         """The longest silence a leg's stream may keep before it counts as stalled, while
@@ -253,6 +269,8 @@ class Run:
             if not attempts.allowed():
                 attempts.next_leg(UpstreamFailure(f"Upstream {leg.upstream.name!r} is skipped."))
                 continue
+            if self._plan in CONTINUED:  # an ``auto`` leg learns once what its server takes
+                await self._upstreams.learn_continuation(leg, self._client_authorization)
             body = self.request_body(leg)
             if body is None:
                 attempts.next_leg(
@@ -293,7 +311,7 @@ class Run:
     def _trace_attempt(self, trace: RunTrace, leg: ResolvedLeg) -> dict[str, str]:
         """Start the span of the request about to go to ``leg``: its headers."""
         plan = self._plan
-        continued = plan in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL)
+        continued = plan in CONTINUED
         return trace.attempt(
             leg,
             index=self.attempts.index,
@@ -308,7 +326,7 @@ class Run:
         """A continuation ending with an assistant message was refused (400/422): the
         model takes no prefill (Claude 4.6+, some OpenAI-compatible servers). Remembered
         for the upstream and model, so later runs go straight to prompt mode."""
-        if self._plan not in (Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL):
+        if self._plan not in CONTINUED:
             return False
         # What was sent, not the leg's mode: a request with thinking on, or a prefix of
         # whitespace only, went in prompt mode whatever the mode says.
@@ -463,14 +481,25 @@ class Run:
                 await _emitted(emit, self.splicer.close())
                 self.outcome = "done"
                 return
-            plan = plan_recovery(self.splicer.snapshot())
-            if plan is Plan.SYNTHESIZE_TOOL_USE:
+            plan = plan_recovery(
+                self.splicer.snapshot(),
+                budget_left=self._budget_left(),
+                structured=self.adapter.structured(self._body),
+                diverged=failure.cause is Cause.DIVERGED,
+            )
+            if plan in ENDS_HERE:
                 self._log_recovery(failure, plan)
                 self._plans.append(plan)
                 self.recoveries += 1
                 self._count_recoveries("recovered")
-                await _emitted(emit, self.splicer.synthesize_tool_use())
-                await _emitted(emit, self.splicer.close())
+                splicer = self.splicer
+                end = (
+                    splicer.synthesize_tool_use
+                    if plan is Plan.SYNTHESIZE_TOOL_USE
+                    else (splicer.end_at_budget)
+                )
+                await _emitted(emit, end())
+                await _emitted(emit, splicer.close())
                 self.outcome = "done"
                 return
             if failure.fatal:
@@ -600,6 +629,10 @@ class Run:
                         break
         except TimeoutError:
             raise self._interrupted(Cause.FIRST_BYTE_TIMEOUT) from None
+        except SeamDiverged:
+            # Not shown: a verified replay comes next, unless this was one already.
+            fatal = self._plan is Plan.VERIFIED_REPLAY
+            raise self._interrupted(Cause.DIVERGED, fatal=fatal) from None
         except httpx2.TransportError as exc:
             raise self._interrupted(classify_transport_error(exc)) from None
         if not splicer.finished:

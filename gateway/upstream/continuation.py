@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from gateway.config.schema import Continuation
 from gateway.recovery.seam import SeamRule, anchor_tail
 
@@ -21,6 +23,8 @@ ANCHOR_INSTRUCTION = (
     "from there. Repeat nothing else.\n<<<{tail}>>>"
 )
 LITERAL = None  # the upstream continues right after the prefix: nothing to cut
+# A verified replay (the client's request again) must begin with everything sent.
+REPLAY = SeamRule(None, restart=True, verify=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +63,9 @@ def continuation_request(
             {"role": "assistant", "content": prefix},
             {"role": "user", "content": prompt},
         ]
-        anchor = SeamRule(tail, restart=True)
+        # Anchored, a reply that neither begins with the anchor nor restarts did not
+        # do as asked: it is never shown (``SeamDiverged``), the run tries another way.
+        anchor = SeamRule(tail, restart=True, verify=tail is not None)
         return ContinuationRequest(body | {turns: messages}, anchor, prefill=False)
     if capability == "prefill":  # Anthropic: a final assistant message is continued
         # It refuses one that ends in whitespace; the reply then usually begins with the
@@ -82,3 +88,31 @@ def continuation_request(
         echo = SeamRule(prefix, restart=False) if capability == "prefix_echo" else LITERAL
         return ContinuationRequest(body | {turns: messages}, echo)
     return None
+
+
+# Servers that continue a final assistant message literally (with vLLM's
+# ``continue_final_message``, which the others ignore), by the ``owned_by`` their own
+# ``GET /v1/models`` gives every model: exact on a real model (tests/realmodel).
+PREFILL_SERVERS = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
+
+
+def learned_continuation(models: bytes, model: str) -> tuple[Continuation, str]:
+    """How an ``auto`` upstream continues ``model``, from its ``GET /models`` answer:
+    ``vllm`` where the server is one of ``PREFILL_SERVERS``, else ``prompt``; and why,
+    in words (``check-config``, the log)."""
+    try:
+        listed = orjson.loads(models).get("data")
+    except (orjson.JSONDecodeError, AttributeError):
+        listed = None
+    if not isinstance(listed, list):
+        return "prompt", "no model list"
+    owners = {m.get("id"): m.get("owned_by") for m in listed if isinstance(m, dict)}
+    # The model's own entry; else the server's, when every model it lists says the
+    # same (llama.cpp answers any model name with the one it loaded).
+    owner = owners.get(model)
+    if owner is None and len(set(owners.values())) == 1:
+        owner = next(iter(owners.values()))
+    server = PREFILL_SERVERS.get(owner) if isinstance(owner, str) else None
+    if server is None:
+        return "prompt", f"owned_by {owner!r}" if isinstance(owner, str) else "no owner"
+    return "vllm", f"served by {server}"

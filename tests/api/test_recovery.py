@@ -152,16 +152,63 @@ def test_the_anchor_a_prompt_continuation_repeats_is_cut_and_counted(
     assert registry.get_sample_value("gateway_seams_total", {"cut": "echo"}) == echoes + 1
 
 
-def test_a_model_that_ignores_the_anchor_is_released_untrimmed_and_counted(
-    sdk: OpenAI, recovering: RunningGateway
+def test_a_model_that_ignores_the_anchor_is_never_shown_and_a_verified_replay_finishes(
+    sdk: OpenAI, recovering: RunningGateway, chaos: ChaosUpstream
 ) -> None:
-    # anchor=0: the continuation is exactly the rest (no echo), even where the answer
-    # repeats the words before the seam; nothing may be cut from it.
+    # anchor=0: the reply goes on without the quoted anchor. It may well be right, but
+    # nothing says so: it is not shown. The client's request again (deterministic here)
+    # begins with everything the client has: kept, with that cut.
     model = "chaos:text=60,seed=25,fault=reset,at=10,times=1,anchor=0"
     registry = recovering.metrics.registry
-    untrimmed = registry.get_sample_value("gateway_seams_total", {"cut": "none"}) or 0
+
+    def count(name: str, labels: dict[str, str]) -> float:
+        return registry.get_sample_value(name, labels) or 0
+
+    diverged = count("gateway_seams_total", {"cut": "diverged"})
+    restarts = count("gateway_seams_total", {"cut": "restart"})
+    replays = count("gateway_recoveries_total", {"plan": "verified_replay", "outcome": "recovered"})
     assert stream_chat(sdk, model).text == expected_answer(model).text
-    assert registry.get_sample_value("gateway_seams_total", {"cut": "none"}) == untrimmed + 1
+    assert count("gateway_seams_total", {"cut": "diverged"}) == diverged + 1
+    assert count("gateway_seams_total", {"cut": "restart"}) == restarts + 1
+    plan = {"plan": "verified_replay", "outcome": "recovered"}
+    assert count("gateway_recoveries_total", plan) == replays + 1
+    first, continuation, replay = chaos.requests_for(model)
+    assert continuation.body["messages"][-1]["role"] == "user"  # the prompt-mode ask
+    assert replay.body["messages"] == first.body["messages"]  # the client's own request
+
+
+def test_a_replay_that_does_not_repeat_what_was_sent_ends_with_the_explicit_error(
+    sdk: OpenAI, chaos: ChaosUpstream
+) -> None:
+    # sample=1: every request says other text, so neither the continuation (no anchor)
+    # nor the replay follows what the client has: an error, never a spliced answer.
+    model = "chaos:text=60,seed=25,fault=reset,at=10,times=1,anchor=0,sample=1"
+    text = ""
+    stream = sdk.chat.completions.create(model=model, messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError, match="does not follow the answer"):
+        for chunk in stream:
+            text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+    assert text  # the first leg's deltas, and nothing of the two replies after them
+    assert len(chaos.requests_for(model)) == 3  # the first, the continuation, the replay
+
+
+SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {"name": "story", "schema": {"type": "object"}, "strict": True},
+}
+
+
+@pytest.mark.parametrize("response_format", [SCHEMA, {"type": "json_object"}])
+def test_structured_output_is_finished_by_a_verified_replay_not_a_continuation(
+    sdk: OpenAI, chaos: ChaosUpstream, response_format: dict[str, Any]
+) -> None:
+    # A continuation would open a new document mid-string (prompt mode) or another one
+    # (a server's grammar does not carry the prefix's state): the request again instead.
+    model = f"chaos:text=40,seed={len(str(response_format))},fault=reset,at=10,times=1"
+    received = stream_chat(sdk, model, response_format=response_format)
+    assert received.text == expected_answer(model).text
+    first, replay = chaos.requests_for(model)
+    assert replay.body == first.body  # no continuation prompt, no prefill: the same ask
 
 
 @pytest.mark.parametrize("fault", ["http_503", "http_429", "http_500", "reset_before"])

@@ -21,8 +21,8 @@ from gateway.protocols.chat_splice import Splicer
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk
 from gateway.recovery.plan import Plan
-from gateway.recovery.seam import ANCHOR_MAX, SeamRule, SeamTrimmer, anchor_tail
-from gateway.upstream.continuation import continuation_request
+from gateway.recovery.seam import ANCHOR_MAX, SeamDiverged, SeamRule, SeamTrimmer, anchor_tail
+from gateway.upstream.continuation import REPLAY, continuation_request
 
 VOCABULARY = ["papa", " papa", " sierra", " ", "    }", "\n", "1,", " 1", "|", "é", "👩‍💻"]
 ANSWERS = st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=40).map("".join)
@@ -189,3 +189,58 @@ def test_a_continuation_says_whether_it_ends_with_an_assistant_message(
     request = continuation_request({"messages": []}, mode, "So far", "Go on.")
     assert request is not None and request.prefill is prefill
     assert (request.body["messages"][-1]["role"] == "assistant") is prefill
+
+
+def test_a_prompt_reply_that_neither_echoes_nor_restarts_is_never_released() -> None:
+    """A model that ignored the anchor: whatever it says, nothing of it is shown."""
+    request = continuation_request({"messages": []}, "prompt", "The cat sat on the mat.", "Go.")
+    assert request is not None and request.seam is not None and request.seam.verify
+    trimmer = SeamTrimmer("The cat sat on the mat.", request.seam)
+    assert trimmer.feed("The cat") == ""  # could still be the anchor: held
+    with pytest.raises(SeamDiverged):
+        trimmer.feed(" lay")
+    assert trimmer.outcome == "diverged"
+
+
+def test_a_reply_that_stops_before_it_said_the_anchor_is_not_released_either() -> None:
+    trimmer = SeamTrimmer("The cat sat on the mat.", SeamRule("on the mat.", True, verify=True))
+    assert trimmer.feed("on the") == ""
+    with pytest.raises(SeamDiverged):
+        trimmer.flush()
+
+
+@pytest.mark.parametrize("lead", [" ", "\n\n", "\t \n"])
+def test_whitespace_before_the_anchor_is_tolerated_and_cut(lead: str) -> None:
+    trimmer = SeamTrimmer("The cat sat on the mat.", SeamRule("on the mat.", True, verify=True))
+    released = trimmer.feed(lead) + trimmer.feed("on the mat. Then") + trimmer.flush()
+    assert (released, trimmer.outcome) == (" Then", "echo")
+
+
+def test_nothing_but_whitespace_before_the_anchor_is_tolerated() -> None:
+    trimmer = SeamTrimmer("The cat sat on the mat.", SeamRule("on the mat.", True, verify=True))
+    with pytest.raises(SeamDiverged):
+        trimmer.feed(" - on the mat.")
+
+
+@settings(max_examples=300, deadline=None)
+@given(answer=ANSWERS, other=ANSWERS, data=st.data())
+def test_a_verified_replay_releases_only_what_follows_all_that_was_sent(
+    answer: str, other: str, data: st.DataObject
+) -> None:
+    """The request again: kept exactly when it repeats everything the client has, and
+    never shown otherwise, wherever it diverges and however it is chunked."""
+    cut = data.draw(st.integers(min_value=1, max_value=len(answer)), "cut")
+    sent = answer[:cut]
+    replay = data.draw(st.sampled_from([answer, other]), "replay")
+    sizes = data.draw(st.lists(st.integers(min_value=1, max_value=5), min_size=1), "sizes")
+    trimmer = SeamTrimmer(sent, REPLAY)
+    released, at, i = "", 0, 0
+    try:
+        while at < len(replay):
+            released += trimmer.feed(replay[at : at + sizes[i % len(sizes)]])
+            at, i = at + sizes[i % len(sizes)], i + 1
+        released += trimmer.flush()
+    except SeamDiverged:
+        assert not replay.startswith(sent) and released == ""
+    else:
+        assert replay.startswith(sent) and released == replay[len(sent) :]
