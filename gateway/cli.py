@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import logging
 import logging.config
@@ -18,9 +19,11 @@ from gateway.config.schema import ConfigError, GatewayConfig
 from gateway.describe import describe
 from gateway.logs import config as logging_config
 from gateway.otel_env import check_protocol, tracing_enabled
+from gateway.upstream.client import UpstreamClient
 from gateway.upstream.headers import OWN_CREDENTIALS
 from gateway.upstream.providers import check_providers
 from gateway.upstream.reach import check_reach
+from gateway.upstream.routes import ResolvedLeg
 
 logger = logging.getLogger(__name__)
 
@@ -142,10 +145,40 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(describe(config))
     check_reach(config.upstreams)  # the certificate files are read, as serve reads them
     check_providers(config.upstreams)
+    for line in asyncio.run(_learned_continuations(config)):
+        print(line)
     if tracing_enabled(config.tracing, os.environ):
         check_protocol(os.environ)
     print("config OK")
     return 0
+
+
+# check-config's look at each ``auto`` upstream's server: brief.
+_PROBE_TIMEOUTS = {"connect": 3.0, "first_byte": 3.0}
+
+
+async def _learned_continuations(config: GatewayConfig) -> list[str]:
+    """What each ``continuation: auto`` upstream's server takes, asked as a run would
+    (``GET /models``), all at once and briefly: a server not up yet says prompt."""
+    auto = [u for u in config.upstreams if u.continuation == "auto"]
+    if not auto:
+        return []
+    client = UpstreamClient(auto, config.limits)
+    try:
+        found = await asyncio.gather(
+            *(
+                client.probe_continuation(
+                    ResolvedLeg(u, "", u.timeouts.model_copy(update=_PROBE_TIMEOUTS))
+                )
+                for u in auto
+            )
+        )
+    finally:
+        await client.aclose()
+    return [
+        f"continuation of {u.name}: auto -> {mode} ({why})"
+        for u, (mode, why) in zip(auto, found, strict=True)
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,13 +24,19 @@ def free_port() -> int:
 
 
 def gateway_config(upstream_url: str, **overrides: Any) -> GatewayConfig:
-    """A config with one upstream named ``chaos``, short timeouts, one catch-all route."""
+    """A config with one upstream named ``chaos``, short timeouts, one catch-all route.
+
+    Its continuation is ``prompt`` unless the test says otherwise: the default, ``auto``,
+    would first ask the upstream ``GET /models`` (tests/api/test_continuation_modes.py),
+    a request the tests that count an upstream's requests would see."""
     upstream = {
         "name": "chaos",
         "base_url": upstream_url,
         "timeouts": {"connect": 2, "first_byte": 5, "idle": 2},
     }
     upstream.update(overrides.pop("upstream", {}))
+    if upstream.get("kind", "openai") == "openai":
+        upstream.setdefault("continuation", "prompt")
     data: dict[str, Any] = {"upstreams": [upstream], **overrides}
     return parse_config(data, "test config")
 

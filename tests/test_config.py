@@ -192,7 +192,8 @@ def test_an_anthropic_upstream_serves_messages_continued_by_prefill_under_v1() -
     assert claude.protocols == ["messages"] and claude.continuation == "prefill"
     assert claude.api_root == "https://api.anthropic.com/v1"  # the SDK's base URL, plus /v1
     assert compat.api_root == "http://vllm:8000/v1"  # a /v1 already there is not doubled
-    assert openai.protocols == ["chat", "responses"] and openai.continuation == "prompt"
+    # Learned from the server (prefill on vLLM, SGLang, llama.cpp; else prompt).
+    assert openai.protocols == ["chat", "responses"] and openai.continuation == "auto"
     assert openai.api_root == "https://api.openai.com/v1"
     assert "claude: https://api.anthropic.com (anthropic: messages)" in describe(config)
 

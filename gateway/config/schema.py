@@ -30,7 +30,10 @@ DEFAULT_ANTHROPIC_URL = "https://api.anthropic.com"
 DEFAULT_GEMINI_URL = "https://generativelanguage.googleapis.com/v1beta"
 GEMINI_VERSIONS = ("/v1", "/v1beta", "/v1alpha")
 
-Continuation = Literal["prompt", "prefill", "vllm", "prefix", "prefix_echo", "none"]
+# auto: learned per upstream and model (an OpenAI-compatible upstream's default): the
+# self-hosted servers that continue a final assistant message literally are continued
+# so (vllm), any other in prompt mode (gateway/upstream/continuation.py).
+Continuation = Literal["auto", "prompt", "prefill", "vllm", "prefix", "prefix_echo", "none"]
 # The streaming APIs an upstream serves: OpenAI, vLLM, Ollama and OpenRouter serve
 # chat and responses; a server with chat completions only says ["chat"]; Anthropic
 # (and Anthropic-compatible servers) serve messages; Google's Gemini API (the Developer
@@ -167,9 +170,10 @@ class Upstream(_Model):
     # anthropic: sent when the client sends no anthropic-version of its own.
     anthropic_version: str = ANTHROPIC_VERSION
     timeouts: Timeouts = Timeouts()
-    # Default: prompt; prefill on an anthropic upstream (a model that refuses it is
-    # continued in prompt mode from then on: docs/protocols/messages.md).
-    continuation: Continuation = "prompt"
+    # Default: auto (learned from the server: prefill where it is vLLM, SGLang or
+    # llama.cpp, else prompt); prompt on azure; prefill on an anthropic or gemini
+    # upstream (a model that refuses it is continued in prompt mode from then on).
+    continuation: Continuation = "auto"
     # bedrock and vertex: the cloud region (us-east-1; us-east5, europe-west1 or global);
     # its endpoint is the default base_url. Credentials come from the standard chains:
     # AWS's (environment, profile, role) and Google's application default credentials.
@@ -251,6 +255,8 @@ class Upstream(_Model):
         if not isinstance(data, dict):
             return data
         kind = data.get("kind")
+        if kind == "azure":  # OpenAI's own models: no prefill to learn
+            data = {"continuation": "prompt"} | data
         if kind in MESSAGES_KINDS:
             defaults = {"protocols": ["messages"], "continuation": "prefill"}
             data = defaults | data

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +20,7 @@ from gateway.config.schema import Continuation, Limits, Upstream
 from gateway.errors import UpstreamFailure, UpstreamTimeout
 from gateway.recovery.classify import Cause, classify_transport_error
 from gateway.upstream.breaker import CircuitBreakers, OnChange
+from gateway.upstream.continuation import learned_continuation
 from gateway.upstream.headers import (
     CREDENTIALS,
     OWN_CREDENTIALS,
@@ -37,6 +39,7 @@ CLOUD_PREFIXES = ("x-amz-", "x-goog-")
 # Continuation modes whose request ends with an assistant message for the model to go on.
 PREFILL_MODES = frozenset({"prefill", "vllm", "prefix", "prefix_echo"})
 REDACTED = b"[redacted]"
+logger = logging.getLogger("gateway.upstream")
 MAX_ERROR_BYTES = 1024 * 1024  # an upstream's error body is relayed up to this size
 
 
@@ -111,6 +114,8 @@ class UpstreamClient:
         # (upstream, model) pairs that refused a continuation with a trailing assistant
         # message: from then on they are continued in prompt mode (shared by the views).
         self._no_prefill: set[tuple[str, str]] = set()
+        # (upstream, model) of ``auto`` upstreams: the mode learned from the server.
+        self._learned: dict[tuple[str, str], Continuation] = {}
         self._roots = {u.name: httpx2.URL(u.api_root) for u in upstreams}
         self._anthropic_versions = {
             u.name: u.anthropic_version for u in upstreams if u.kind == "anthropic"
@@ -239,12 +244,51 @@ class UpstreamClient:
         return self._providers[leg.upstream.name].decoder(self.max_event_bytes)
 
     def continuation_of(self, leg: ResolvedLeg) -> Continuation:
-        """How ``leg`` continues an answer: its configured mode, or ``prompt`` once its
-        model refused a trailing assistant message (``refuses_prefill``)."""
+        """How ``leg`` continues an answer: its configured mode (``auto``: the one
+        learned, ``learn_continuation``), or ``prompt`` once its model refused a
+        trailing assistant message (``refuses_prefill``)."""
         mode = leg.continuation
+        if mode == "auto":
+            mode = self._learned.get((leg.upstream.name, leg.model), "prompt")
         if mode in PREFILL_MODES and (leg.upstream.name, leg.model) in self._no_prefill:
             return "prompt"
         return mode
+
+    async def learn_continuation(self, leg: ResolvedLeg, authorization: str | None) -> None:
+        """For an ``auto`` leg, find out once how its server continues an answer."""
+        key = (leg.upstream.name, leg.model)
+        if leg.continuation != "auto" or key in self._learned:
+            return
+        mode, why = await self.probe_continuation(leg, authorization)
+        self._learned[key] = mode
+        logger.info(
+            "continuation learned",
+            extra={"upstream": leg.upstream.name, "mode": mode, "reason": why},
+        )
+
+    async def probe_continuation(
+        self, leg: ResolvedLeg, authorization: str | None = None
+    ) -> tuple[Continuation, str]:
+        """Ask ``leg``'s server what it is (``GET /models``): the continuation it takes,
+        and why (``learned_continuation``). Any failure: prompt, which works anywhere."""
+        headers = self.request_headers(leg.upstream, {}, authorization)
+        headers["accept-encoding"] = "identity"
+        try:
+            async with asyncio.timeout(leg.timeouts.first_byte):
+                response = await self.forward(leg, "GET", "/models", headers, b"")
+                try:
+                    if response.status_code != 200:
+                        return "prompt", f"GET /models answered {response.status_code}"
+                    body = b""
+                    async for part in response.aiter_raw():
+                        body += part
+                        if len(body) > MAX_ERROR_BYTES:
+                            return "prompt", "model list too large"
+                finally:
+                    await response.aclose()
+        except (TimeoutError, UpstreamFailure, httpx2.HTTPError):
+            return "prompt", "GET /models failed"
+        return learned_continuation(body, leg.model)
 
     def refuses_prefill(self, leg: ResolvedLeg) -> None:
         """Remember that ``leg``'s model answers a trailing assistant message with a 4xx."""
