@@ -156,7 +156,8 @@ class Metrics:
         self.seams = Counter(
             "gateway_seams_total",
             "Continuation seams by what was cut: echo (the anchor a prompt-mode model was "
-            "asked to repeat, or a prefix_echo upstream's prefix), restart, or none.",
+            "asked to repeat, or a prefix_echo upstream's prefix), restart, none, or diverged "
+            "(a reply that did not do as asked, never shown: a verified replay follows).",
             ["cut"],
             registry=r,
         )

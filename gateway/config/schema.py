@@ -33,7 +33,10 @@ GEMINI_VERSIONS = ("/v1", "/v1beta", "/v1alpha")
 # auto: learned per upstream and model (an OpenAI-compatible upstream's default): the
 # self-hosted servers that continue a final assistant message literally are continued
 # so (vllm), any other in prompt mode (gateway/upstream/continuation.py).
-Continuation = Literal["auto", "prompt", "prefill", "vllm", "prefix", "prefix_echo", "none"]
+# replay: no continuation, the request again, verified (exact on any deterministic server).
+Continuation = Literal[
+    "auto", "prompt", "prefill", "vllm", "prefix", "prefix_echo", "replay", "none"
+]
 # The streaming APIs an upstream serves: OpenAI, vLLM, Ollama and OpenRouter serve
 # chat and responses; a server with chat completions only says ["chat"]; Anthropic
 # (and Anthropic-compatible servers) serve messages; Google's Gemini API (the Developer

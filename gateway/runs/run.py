@@ -212,12 +212,13 @@ class Run:
         self.accumulator.origin = leg.upstream.kind
         self._seam = None
         self._prefilled = False
-        if self._plan is Plan.VERIFIED_REPLAY:
+        mode = self._upstreams.continuation_of(leg) if self._plan in CONTINUED else None
+        if self._plan is Plan.VERIFIED_REPLAY or mode == "replay":
             self._seam = REPLAY  # the same request: kept if it repeats what was sent
-        elif self._plan in CONTINUED:
+        elif mode is not None:
             continued = self.adapter.continuation(
                 body,
-                self._upstreams.continuation_of(leg),
+                mode,
                 self.accumulator,
                 self.route.continuation_prompt,
                 anchored=self.route.continuation_anchor,
@@ -631,7 +632,7 @@ class Run:
             raise self._interrupted(Cause.FIRST_BYTE_TIMEOUT) from None
         except SeamDiverged:
             # Not shown: a verified replay comes next, unless this was one already.
-            fatal = self._plan is Plan.VERIFIED_REPLAY
+            fatal = self._seam is REPLAY
             raise self._interrupted(Cause.DIVERGED, fatal=fatal) from None
         except httpx2.TransportError as exc:
             raise self._interrupted(classify_transport_error(exc)) from None

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.config.load import parse_config
+from gateway.upstream.continuation import learned_continuation
 from gateway.upstream.routes import Router
 from tests.api.streams import stream_chat
 from tests.servers import RunningGateway, gateway_config, running_gateway
@@ -98,3 +100,59 @@ def test_a_model_that_takes_prefill_keeps_its_mode(
     assert chat(prefix_gateway, spec) == expected_answer(spec).text
     continuation = requests_with(chaos, spec)[-1].body["messages"][-1]
     assert continuation["role"] == "assistant" and continuation["prefix"] is True
+
+
+def test_replay_mode_asks_the_same_request_again_and_keeps_it_once_verified(
+    chaos: ChaosUpstream,
+) -> None:
+    # continuation: replay never sends a continuation: the request again, its text cut
+    # where it has repeated everything the client has (exact on a deterministic server).
+    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY}
+    config = gateway_config(chaos.base_url, upstream={"continuation": "replay"}, routes=[route])
+    model = "chaos:text=40,seed=461,fault=reset,at=12,times=1"
+    with (
+        running_gateway(config) as gateway,
+        OpenAI(base_url=gateway.base_url, api_key="k", max_retries=0) as client,
+    ):
+        assert stream_chat(client, model, max_tokens=30).text == expected_answer(model).text
+        first, replay = chaos.requests_for(model)
+        assert replay.body == first.body  # its whole budget: it ends where the first would
+
+
+@pytest.mark.parametrize(
+    ("owned_by", "mode"),
+    [("llamacpp", "vllm"), ("vllm", "vllm"), ("sglang", "vllm"), ("system", "prompt")],
+)
+def test_auto_learns_a_literal_prefill_from_the_servers_own_model_list(
+    owned_by: str, mode: str
+) -> None:
+    models = orjson.dumps({"data": [{"id": "m", "owned_by": owned_by}]})
+    assert learned_continuation(models, "m")[0] == mode
+    # llama.cpp answers any model name with the one it loaded: the server's owner.
+    assert learned_continuation(models, "another name")[0] == mode
+
+
+@pytest.mark.parametrize("answer", [b"", b"<html>", b'{"data": 3}', b'{"data": []}', b"[]"])
+def test_auto_falls_back_to_prompt_on_any_other_answer(answer: bytes) -> None:
+    assert learned_continuation(answer, "m")[0] == "prompt"
+
+
+def test_auto_on_the_chaos_upstream_asks_once_and_continues_in_prompt_mode(
+    chaos: ChaosUpstream,
+) -> None:
+    # The chaos upstream's model list says owned_by "chaos": prompt mode, learned once
+    # for the model (two runs of it, each recovered: the spec goes in x-chaos).
+    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY}
+    config = gateway_config(chaos.base_url, upstream={"continuation": "auto"}, routes=[route])
+    specs = [f"chaos:text=30,seed={462 + i},fault=reset,at=8,times=1" for i in range(2)]
+    chaos.requests.clear()
+    with (
+        running_gateway(config) as gateway,
+        OpenAI(base_url=gateway.base_url, api_key="k", max_retries=0) as client,
+    ):
+        for spec in specs:
+            received = stream_chat(client, "auto-model", extra_headers={"x-chaos": spec})
+            assert received.text == expected_answer(spec).text
+            continuation = chaos.requests[-1].body["messages"][-1]
+            assert continuation["role"] == "user"  # the prompt-mode ask
+    assert [r.path for r in chaos.requests].count("/v1/models") == 1
