@@ -102,6 +102,9 @@ class RunState:
     usage_by_leg: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Legs that broke before they reported usage: what they are estimated to cost.
     estimated_by_leg: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Output tokens the legs so far produced (``RunAccumulator.output_spent``): what a
+    # takeover's continuation takes off the client's budget. None: an older release's.
+    output_spent: int | None = None
     in_flight: list[InFlightCall] = field(default_factory=list)
     text_chars: int = 0  # offsets delivered to the client
     reasoning_chars: int = 0
@@ -248,6 +251,7 @@ _STATE: Schema = {
     "splice_leg": (_is_int, 0),
     "usage_by_leg": (_by_leg, {}),
     "estimated_by_leg": (_by_leg, {}),
+    "output_spent": (_is_int, None),
     "in_flight": (_is_list, []),
     "text_chars": (_is_int, 0),
     "reasoning_chars": (_is_int, 0),

@@ -64,6 +64,7 @@ class RunAccumulator:
         self._usage_by_leg: dict[int, dict[str, Any]] = {}
         self._measures: dict[int, LegMeasure] = {}  # what the gateway saw of each leg
         self._restored_estimates: dict[int, dict[str, int]] = {}  # another replica's
+        self._restored_spent: int | None = None  # another replica's output tokens
 
     @property
     def text(self) -> str:
@@ -139,7 +140,16 @@ class RunAccumulator:
         (``gateway.recovery.usage.output_spent``): the client's budget less this is
         what a continuation may ask for."""
         output = self.usage_counts[1]
+        if self._restored_spent is not None:  # a takeover: what the other replica counted
+            return self._restored_spent + output_spent(
+                self._measures, self._usage_by_leg, {}, output
+            )
         return output_spent(self._measures, self._usage_by_leg, self._restored_estimates, output)
+
+    def restore_spent(self, spent: int | None) -> None:
+        """The output tokens another replica's legs produced (a takeover; None: unknown,
+        as in an older release's checkpoint: its estimates stand in)."""
+        self._restored_spent = spent
 
     @property
     def usage(self) -> dict[str, Any] | None:

@@ -368,6 +368,7 @@ class LocalRun:
             splice_leg=splicer.leg,
             usage_by_leg={str(k): v for k, v in accumulator.usage_by_leg.items()},
             estimated_by_leg={str(k): v for k, v in accumulator.estimated_by_leg.items()},
+            output_spent=accumulator.output_spent(),
             in_flight=[InFlightCall(name, args) for name, args in splicer.held_calls()],
             text_chars=accumulator.text_chars,
             reasoning_chars=accumulator.reasoning_chars,

@@ -365,6 +365,7 @@ class Resumes:
         for leg, usage in state.usage_by_leg.items():
             accumulator.set_usage(int(leg), usage)
         accumulator.restore_estimates({int(k): v for k, v in state.estimated_by_leg.items()})
+        accumulator.restore_spent(state.output_spent)
         run.restore(
             accumulator,
             leg=state.leg,

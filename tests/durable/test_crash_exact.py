@@ -165,6 +165,38 @@ def test_sdk_resume_after_a_crash_is_exact(
     assert len(received.ids) == 1
 
 
+def test_a_takeover_asks_for_what_is_left_of_the_clients_budget(
+    replicas: Replicas, chaos: ChaosUpstream, store: redis.Redis
+) -> None:
+    """The checkpoint carries the output tokens A's leg produced: B's continuation asks
+    for the client's max_tokens less those, never the whole budget again."""
+    model = model_for("rechunk", 250)
+    budget = 500
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with sdk(a) as client_a:
+        raw = client_a.chat.completions.with_raw_response.create(
+            model=model, messages=MESSAGES, stream=True, max_tokens=budget
+        )
+        run_id = raw.headers["x-run-id"]
+        stream = raw.parse()
+        for chunk in stream:
+            received.feed(chunk)
+            if received.chunks == 9:
+                break
+        kill(a, store, run_id)
+        spent = state(store, run_id)["output_spent"]
+        drain(stream, received)
+    with sdk(b) as client_b:
+        resume(client_b, model, run_id, received)
+    assert b.resumed("takeover") == 1
+    _, continuation = legs(chaos, model)
+    assert spent >= 8  # a token a delta: every text delta the client had, at least
+    assert continuation.body["max_tokens"] == budget - spent
+    assert received.text == expected_answer(model).text
+    assert received.finish_reasons == ["stop"]
+
+
 # -- EventSource: GET /v1/runs/{id}/events with Last-Event-ID --------------------------------
 
 

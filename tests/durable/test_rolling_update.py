@@ -104,10 +104,11 @@ def test_the_previous_releases_record_and_state_decode() -> None:
         cause="reset",
         updated=1764300001.25,
     )
-    # What this release writes, the previous one reads: the same fields, and a version
-    # and an acknowledged count it ignores (its decode kept only the fields it knew).
+    # What this release writes, the previous one reads: the same fields, and a version,
+    # an acknowledged count and the output spent, which it ignores (its decode kept only
+    # the fields it knew).
     assert orjson.loads(record.encode()) == orjson.loads(PREVIOUS_RECORD) | {"version": 1}
-    expected = orjson.loads(PREVIOUS_STATE) | {"version": 1, "acked": None}
+    expected = orjson.loads(PREVIOUS_STATE) | {"version": 1, "acked": None, "output_spent": None}
     assert orjson.loads(decoded.encode()) == expected
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.protocols.messages_items import MessagesAccumulator
 from gateway.protocols.responses_items import ResponsesAccumulator
 from gateway.recovery.accumulator import RunAccumulator
-from gateway.recovery.usage import LegMeasure, estimate_usage, summed
+from gateway.recovery.usage import LegMeasure, estimate_usage, output_spent, summed
 
 CHAT = ("prompt_tokens", "completion_tokens", "total_tokens")
 MESSAGES = ("input_tokens", "output_tokens")
@@ -218,3 +218,24 @@ def test_a_broken_legs_estimate_keeps_what_it_did_report() -> None:
     assert usage["cache_read_input_tokens"] == 7
     assert usage["cache_creation"] == {"ephemeral_5m_input_tokens": 3}
     assert usage["input_tokens"] == 23 and usage["output_tokens"] > 20
+
+
+def test_the_output_spent_counts_what_legs_reported_else_a_token_a_delta() -> None:
+    # Leg 0 broke after 12 deltas (nothing reported), leg 1 reported 30 tokens whole.
+    broke, whole = LegMeasure(output_deltas=12, broke=True), LegMeasure(output_deltas=30)
+    assert output_spent({0: broke}, {}, {}, "completion_tokens") == 12
+    reported = {1: {"completion_tokens": 30}}
+    assert output_spent({0: broke, 1: whole}, reported, {}, "completion_tokens") == 42
+
+
+def test_the_output_spent_is_calibrated_by_the_runs_own_legs_and_floored_by_a_report() -> None:
+    # A leg that reported 60 tokens for 30 deltas: two a delta for the one that broke.
+    measures = {0: LegMeasure(output_deltas=30), 1: LegMeasure(output_deltas=5, broke=True)}
+    reported: dict[int, dict[str, int]] = {0: {"output_tokens": 60}}
+    assert output_spent(measures, reported, {}, "output_tokens") == 70
+    # A broken leg's own running count (Messages) is a floor.
+    reported[1] = {"output_tokens": 14}
+    assert output_spent(measures, reported, {}, "output_tokens") == 74
+    # Another replica's legs (a takeover) count what it estimated.
+    restored = {0: {"output_tokens": 99}, 2: {"output_tokens": 3}}
+    assert output_spent(measures, reported, restored, "output_tokens") == 77
