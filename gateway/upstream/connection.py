@@ -72,6 +72,9 @@ class Connection(asyncio.Protocol):
         self._last = self._loop.time()
         self._read_timeout = read_timeout
         self._arm()
+        if self._transport.is_closing():  # the server closed it while it idled
+            self.close()
+            raise httpx2.ConnectError("The pooled upstream connection was closed.")
         self._transport.write(data)
         try:
             await self._head
@@ -126,6 +129,12 @@ class Connection(asyncio.Protocol):
         # connection: a cycle (and the run's frames with it) until the collector ran.
         self._error = None
         self._pool.released(self, reusable)
+
+    @property
+    def reusable(self) -> bool:
+        """Open: not closed, and its transport not closing (a server that closed it while
+        it idled: the transport closes at once, ``connection_lost`` a loop turn later)."""
+        return not self.closed and self._transport is not None and not self._transport.is_closing()
 
     def close(self, *, abort: bool = False) -> None:
         """Close the connection; ``abort``: at once, without TLS's closing handshake

@@ -147,7 +147,7 @@ class Http1Transport(httpx2.AsyncBaseTransport):
         now = asyncio.get_running_loop().time()
         while idle:
             connection = idle.pop()
-            if not connection.closed and now - connection.idle_since < self._expiry:
+            if connection.reusable and now - connection.idle_since < self._expiry:
                 return connection
             connection.close()
         return None
