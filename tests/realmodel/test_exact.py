@@ -1,0 +1,234 @@
+"""Exact on a real model (issue 46): SmolLM2-135M on llama.cpp's own server, greedy.
+
+Every answer the SDKs receive through the gateway is compared with the answer the
+server gives unbroken (``probes.realmodel.cases``): cut by a proxy that resets the
+connection after a seeded random number of events, or by SIGKILL of the server, with
+a second server as the next leg. Chat, Responses and Messages doors; budgets short
+enough that most answers end on them (the budget carried across legs), and long
+enough that some end by themselves. The continuation mode is left unset: the gateway
+learns that llama.cpp continues a final assistant message (``continuation: auto``).
+
+Then what only a real model shows: a structured answer across a seam is the unbroken
+one, or an explicit error; prompt mode, which this small model rarely follows, is
+never silently wrong.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai.types.shared_params import ResponseFormatJSONSchema
+
+from gateway.config.load import parse_config
+from probes.realmodel.cases import DOORS, Answer, Door, ask, classify, unbroken
+from probes.realmodel.cut import CuttingProxy
+from probes.realmodel.server import LlamaServer
+from tests.servers import RunningGateway, running_gateway
+
+PROMPTS = (
+    "What is the capital of France?",
+    "Write the opening sentence of a short story about a lighthouse keeper.",
+    "Explain in two sentences why the sky is blue.",
+    "List five fruits, one per line.",
+)
+FIRST_CUT = 5  # events: past every door's preamble, so the cut falls in the text
+RETRY = {"retries": 1, "backoff_initial": 0, "backoff_max": 0, "idle_retry_delay": 0}
+
+
+def config(proxy: CuttingProxy, fallback: LlamaServer, continuation: str | None = None) -> Any:
+    """Server A through the proxy, server B as the fallback, for chat, Responses and
+    Messages (an ``anthropic`` upstream on the same servers). ``continuation``: every
+    upstream's (unset: ``auto`` on the OpenAI ones, ``prefill`` on the Anthropic ones)."""
+    # No circuit breaking: a killed server's failures would have later tests skip it.
+    common: dict[str, Any] = {
+        "timeouts": {"connect": 2, "first_byte": 30, "idle": 10},
+        "circuit": {"failures": 0},
+    }
+    if continuation is not None:
+        common["continuation"] = continuation
+    upstreams = [
+        common | {"name": "a", "base_url": proxy.url + "/v1"},
+        common | {"name": "b", "base_url": fallback.url + "/v1"},
+        common | {"name": "a-msg", "kind": "anthropic", "base_url": proxy.url},
+        common | {"name": "b-msg", "kind": "anthropic", "base_url": fallback.url},
+    ]
+    # One route: each door's legs are those whose upstream serves its protocol.
+    fallbacks = [{"upstream": name} for name in ("a-msg", "b", "b-msg")]
+    routes = [{"match": "*", "upstream": "a", "fallbacks": fallbacks, "retry": RETRY}]
+    return parse_config({"upstreams": upstreams, "routes": routes}, "real-model test")
+
+
+@pytest.fixture(scope="module")
+def cutting_proxy_module(llama_a: LlamaServer) -> Iterator[CuttingProxy]:
+    with CuttingProxy(llama_a.port) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def gateway(cutting_proxy_module: CuttingProxy, llama_b: LlamaServer) -> Iterator[RunningGateway]:
+    with running_gateway(config(cutting_proxy_module, llama_b)) as running:
+        yield running
+
+
+def cases(seed: int, count: int) -> list[tuple[Door, str, int, int]]:
+    """(door, prompt, budget, cut position as a fraction in thousandths), seeded."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        door = DOORS[i % len(DOORS)]
+        prompt = PROMPTS[(i // len(DOORS)) % len(PROMPTS)]
+        budget = (24, 48, 200)[rng.randrange(3)]
+        out.append((door, prompt, budget, rng.randrange(1000)))
+    return out
+
+
+def as_openai(door: Door, got: Answer | BaseException) -> Answer | BaseException:
+    """``got`` as llama.cpp would say it: its Responses door ends an answer cut by
+    ``max_output_tokens`` with ``completed`` where OpenAI (and the gateway, ending one
+    whose budget was spent) says ``incomplete``; the text is what is compared then."""
+    if door == "responses" and isinstance(got, Answer):
+        if got.finish == "incomplete: max_output_tokens":
+            return Answer(got.text, "completed", got.deltas)
+    return got
+
+
+def cut_after(truth: Answer, where: int) -> int:
+    """An event position inside the answer, from a fraction in thousandths."""
+    last = max(FIRST_CUT, truth.events - 2)
+    return FIRST_CUT + (last - FIRST_CUT) * where // 1000
+
+
+@pytest.mark.parametrize(("door", "prompt", "budget", "where"), cases(seed=46, count=12))
+def test_a_reset_anywhere_is_spliced_byte_exact(
+    gateway: RunningGateway,
+    llama_a: LlamaServer,
+    cutting_proxy_module: CuttingProxy,
+    door: Door,
+    prompt: str,
+    budget: int,
+    where: int,
+) -> None:
+    truth = unbroken(llama_a.url, door, prompt, budget)
+    cutting_proxy_module.arm(cut_after(truth, where), "reset")
+    cuts = cutting_proxy_module.cuts
+    got = ask(gateway.url, door, prompt, budget)
+    assert cutting_proxy_module.cuts == cuts + 1  # the answer was broken, once
+    assert as_openai(door, got) == truth
+
+
+@pytest.mark.parametrize(("door", "prompt", "budget", "where"), cases(seed=47, count=6))
+def test_a_server_killed_mid_answer_is_finished_on_the_other_byte_exact(
+    gateway: RunningGateway,
+    llama_a: LlamaServer,
+    llama_b: LlamaServer,
+    cutting_proxy_module: CuttingProxy,
+    door: Door,
+    prompt: str,
+    budget: int,
+    where: int,
+) -> None:
+    truth = unbroken(llama_b.url, door, prompt, budget)
+    killed = threading.Event()
+
+    def kill() -> None:
+        llama_a.kill()
+        killed.set()
+
+    # The proxy passes exactly that many events, then A dies: its connections with it.
+    cutting_proxy_module.arm(cut_after(truth, where), "close", on_cut=kill)
+    try:
+        got = ask(gateway.url, door, prompt, budget)
+        assert killed.is_set()
+        assert as_openai(door, got) == truth
+    finally:
+        if not llama_a.alive:
+            llama_a.restart()
+
+
+SCHEMA: ResponseFormatJSONSchema = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "city",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+            "required": ["city", "country"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("mode", ["auto", "prompt"])
+@pytest.mark.parametrize("where", [200, 600])
+def test_structured_output_across_a_seam_is_the_unbroken_document(
+    llama_a: LlamaServer,
+    llama_b: LlamaServer,
+    cutting_proxy_module: CuttingProxy,
+    mode: str,
+    where: int,
+) -> None:
+    def answer(base_url: str) -> tuple[str, str | None]:
+        with openai.OpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=60) as sdk:
+            text, finish = "", None
+            stream = sdk.chat.completions.create(
+                model="smollm2",
+                messages=[{"role": "user", "content": "Name a big city and its country."}],
+                response_format=SCHEMA,
+                max_tokens=60,
+                temperature=0,
+                seed=1,
+                stream=True,
+            )
+            for chunk in stream:
+                for choice in chunk.choices:
+                    text += choice.delta.content or ""
+                    finish = choice.finish_reason or finish
+            return text, finish
+
+    truth = answer(llama_a.base_url)
+    events = len(truth[0]) // 2 + 2  # about a token a delta: a cut well inside the text
+    with running_gateway(config(cutting_proxy_module, llama_b, mode)) as running:
+        cutting_proxy_module.arm(max(3, events * where // 1000), "reset")
+        assert answer(running.base_url) == truth
+
+
+@pytest.mark.parametrize(("door", "prompt", "budget", "where"), cases(seed=48, count=9))
+def test_prompt_mode_never_shows_a_reply_that_did_not_do_as_asked(
+    llama_a: LlamaServer,
+    llama_b: LlamaServer,
+    cutting_proxy_module: CuttingProxy,
+    door: Door,
+    prompt: str,
+    budget: int,
+    where: int,
+) -> None:
+    """This small model rarely begins with the quoted anchor. Such a reply is never
+    shown: the verified replay (greedy, so the same answer) finishes the answer exactly,
+    or the client is told. What prompt mode cannot promise on any model: a reply that
+    does begin with the anchor, as asked, and then says something else than the
+    unbroken answer would have (SmolLM2 does: "... called Rayleigh." and stops)."""
+    truth = unbroken(llama_a.url, door, prompt, budget)
+    with running_gateway(config(cutting_proxy_module, llama_b, "prompt")) as running:
+        cutting_proxy_module.arm(cut_after(truth, where), "reset")
+        try:
+            got: Answer | BaseException = ask(running.url, door, prompt, budget)
+        except Exception as exc:  # noqa: BLE001 - an explicit failure is allowed here
+            got = exc
+        registry = running.metrics.registry
+        cuts = {
+            cut: registry.get_sample_value("gateway_seams_total", {"cut": cut}) or 0
+            for cut in ("echo", "restart", "none", "diverged")
+        }
+    assert cuts["none"] == 0  # no reply released that neither echoed nor restarted
+    outcome = classify(truth, as_openai(door, got))
+    if outcome == "wrong":  # only a reply in one of the two shapes asked for
+        assert cuts["echo"] + cuts["restart"] >= 1 and cuts["diverged"] == 0, (got, cuts)
+    if cuts["diverged"]:  # replayed: exact, or the explicit error
+        assert outcome != "wrong", (got, cuts)
