@@ -267,6 +267,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="picks where each answer is cut")
     parser.add_argument("--out", type=Path, help="write the markdown table here too")
     parser.add_argument("--details", type=Path, help="every case, both answers (JSON)")
+    parser.add_argument(
+        "--batched-prompts",
+        action="store_true",
+        help="llama.cpp's default prompt batches, not batch-invariant (probes.realmodel.server)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
         parser.error(f"--prompts must be 1 to {len(PROMPTS)}")
@@ -281,8 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     results: list[Result] = []
     with (
-        LlamaServer(gguf) as a,
-        LlamaServer(gguf) as b,
+        LlamaServer(gguf, batch_invariant=not args.batched_prompts) as a,
+        LlamaServer(gguf, batch_invariant=not args.batched_prompts) as b,
         CuttingProxy(a.port) as proxy,
         running_gateway(gateway_config(proxy.url, b.url)) as gateway,
     ):

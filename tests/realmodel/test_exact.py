@@ -18,15 +18,14 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import openai
 import pytest
 from openai.types.shared_params import ResponseFormatJSONSchema
 
-from gateway.config.load import parse_config
-from probes.realmodel.cases import DOORS, Answer, Door, ask, classify, unbroken
+from probes.realmodel.cases import DOORS, MODEL, Answer, Door, ask, classify, unbroken
 from probes.realmodel.cut import CuttingProxy
+from probes.realmodel.routes import Mode, gateway_config, model_for
 from probes.realmodel.server import LlamaServer
 from tests.servers import RunningGateway, running_gateway
 
@@ -40,29 +39,6 @@ FIRST_CUT = 5  # events: past every door's preamble, so the cut falls in the tex
 RETRY = {"retries": 1, "backoff_initial": 0, "backoff_max": 0, "idle_retry_delay": 0}
 
 
-def config(proxy: CuttingProxy, fallback: LlamaServer, continuation: str | None = None) -> Any:
-    """Server A through the proxy, server B as the fallback, for chat, Responses and
-    Messages (an ``anthropic`` upstream on the same servers). ``continuation``: every
-    upstream's (unset: ``auto`` on the OpenAI ones, ``prefill`` on the Anthropic ones)."""
-    # No circuit breaking: a killed server's failures would have later tests skip it.
-    common: dict[str, Any] = {
-        "timeouts": {"connect": 2, "first_byte": 30, "idle": 10},
-        "circuit": {"failures": 0},
-    }
-    if continuation is not None:
-        common["continuation"] = continuation
-    upstreams = [
-        common | {"name": "a", "base_url": proxy.url + "/v1"},
-        common | {"name": "b", "base_url": fallback.url + "/v1"},
-        common | {"name": "a-msg", "kind": "anthropic", "base_url": proxy.url},
-        common | {"name": "b-msg", "kind": "anthropic", "base_url": fallback.url},
-    ]
-    # One route: each door's legs are those whose upstream serves its protocol.
-    fallbacks = [{"upstream": name} for name in ("a-msg", "b", "b-msg")]
-    routes = [{"match": "*", "upstream": "a", "fallbacks": fallbacks, "retry": RETRY}]
-    return parse_config({"upstreams": upstreams, "routes": routes}, "real-model test")
-
-
 @pytest.fixture(scope="module")
 def cutting_proxy_module(llama_a: LlamaServer) -> Iterator[CuttingProxy]:
     with CuttingProxy(llama_a.port) as proxy:
@@ -71,7 +47,9 @@ def cutting_proxy_module(llama_a: LlamaServer) -> Iterator[CuttingProxy]:
 
 @pytest.fixture(scope="module")
 def gateway(cutting_proxy_module: CuttingProxy, llama_b: LlamaServer) -> Iterator[RunningGateway]:
-    with running_gateway(config(cutting_proxy_module, llama_b)) as running:
+    """Server A through the proxy, B the fallback, a route per continuation mode
+    (``probes.realmodel.routes``): ``smollm2`` leaves it unset (``auto``)."""
+    with running_gateway(gateway_config(cutting_proxy_module.url, llama_b.url)) as running:
         yield running
 
 
@@ -165,20 +143,20 @@ SCHEMA: ResponseFormatJSONSchema = {
 }
 
 
-@pytest.mark.parametrize("mode", ["auto", "prompt"])
+@pytest.mark.parametrize("mode", ["unset", "prompt"])
 @pytest.mark.parametrize("where", [200, 600])
 def test_structured_output_across_a_seam_is_the_unbroken_document(
+    gateway: RunningGateway,
     llama_a: LlamaServer,
-    llama_b: LlamaServer,
     cutting_proxy_module: CuttingProxy,
-    mode: str,
+    mode: Mode,
     where: int,
 ) -> None:
-    def answer(base_url: str) -> tuple[str, str | None]:
+    def answer(base_url: str, model: str = MODEL) -> tuple[str, str | None]:
         with openai.OpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=60) as sdk:
             text, finish = "", None
             stream = sdk.chat.completions.create(
-                model="smollm2",
+                model=model,
                 messages=[{"role": "user", "content": "Name a big city and its country."}],
                 response_format=SCHEMA,
                 max_tokens=60,
@@ -194,15 +172,14 @@ def test_structured_output_across_a_seam_is_the_unbroken_document(
 
     truth = answer(llama_a.base_url)
     events = len(truth[0]) // 2 + 2  # about a token a delta: a cut well inside the text
-    with running_gateway(config(cutting_proxy_module, llama_b, mode)) as running:
-        cutting_proxy_module.arm(max(3, events * where // 1000), "reset")
-        assert answer(running.base_url) == truth
+    cutting_proxy_module.arm(max(3, events * where // 1000), "reset")
+    assert answer(gateway.base_url, model_for(mode)) == truth
 
 
 @pytest.mark.parametrize(("door", "prompt", "budget", "where"), cases(seed=48, count=9))
 def test_prompt_mode_never_shows_a_reply_that_did_not_do_as_asked(
+    gateway: RunningGateway,
     llama_a: LlamaServer,
-    llama_b: LlamaServer,
     cutting_proxy_module: CuttingProxy,
     door: Door,
     prompt: str,
@@ -215,17 +192,21 @@ def test_prompt_mode_never_shows_a_reply_that_did_not_do_as_asked(
     does begin with the anchor, as asked, and then says something else than the
     unbroken answer would have (SmolLM2 does: "... called Rayleigh." and stops)."""
     truth = unbroken(llama_a.url, door, prompt, budget)
-    with running_gateway(config(cutting_proxy_module, llama_b, "prompt")) as running:
-        cutting_proxy_module.arm(cut_after(truth, where), "reset")
-        try:
-            got: Answer | BaseException = ask(running.url, door, prompt, budget)
-        except Exception as exc:  # noqa: BLE001 - an explicit failure is allowed here
-            got = exc
-        registry = running.metrics.registry
-        cuts = {
-            cut: registry.get_sample_value("gateway_seams_total", {"cut": cut}) or 0
-            for cut in ("echo", "restart", "none", "diverged")
-        }
+    registry = gateway.metrics.registry
+
+    def seams() -> dict[str, float]:
+        kinds = ("echo", "restart", "none", "diverged")
+        return {k: registry.get_sample_value("gateway_seams_total", {"cut": k}) or 0 for k in kinds}
+
+    before = seams()
+    cutting_proxy_module.arm(cut_after(truth, where), "reset")
+    try:
+        got: Answer | BaseException = ask(
+            gateway.url, door, prompt, budget, model=model_for("prompt")
+        )
+    except Exception as exc:  # noqa: BLE001 - an explicit failure is allowed here
+        got = exc
+    cuts = {k: n - before[k] for k, n in seams().items()}
     assert cuts["none"] == 0  # no reply released that neither echoed nor restarted
     outcome = classify(truth, as_openai(door, got))
     if outcome == "wrong":  # only a reply in one of the two shapes asked for
