@@ -20,8 +20,6 @@ class Plan(enum.StrEnum):
 
 
 CONTINUED = frozenset({Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL})
-# Plans that end the answer with what the client has, without an upstream call.
-ENDS_HERE = frozenset({Plan.SYNTHESIZE_TOOL_USE, Plan.FINISH_AT_BUDGET})
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ from gateway.recovery.classify import (
     is_transient_error,
 )
 from gateway.recovery.events import Chunk, Done, InBandError, Malformed
-from gateway.recovery.plan import CONTINUED, ENDS_HERE, Plan, plan_recovery
+from gateway.recovery.plan import CONTINUED, Plan, plan_recovery
 from gateway.recovery.seam import SeamDiverged, SeamRule
 from gateway.recovery.throughput import ThroughputGuard
 from gateway.runs.attempts import Attempts, attempt_result
@@ -488,19 +488,17 @@ class Run:
                 structured=self.adapter.structured(self._body),
                 diverged=failure.cause is Cause.DIVERGED,
             )
-            if plan in ENDS_HERE:
+            # The completed tool calls are an answer whatever broke; a spent budget ends
+            # one only where the break was not a refusal (a fatal error is surfaced).
+            ends = plan is Plan.SYNTHESIZE_TOOL_USE
+            if ends or (plan is Plan.FINISH_AT_BUDGET and not failure.fatal):
                 self._log_recovery(failure, plan)
                 self._plans.append(plan)
                 self.recoveries += 1
                 self._count_recoveries("recovered")
-                splicer = self.splicer
-                end = (
-                    splicer.synthesize_tool_use
-                    if plan is Plan.SYNTHESIZE_TOOL_USE
-                    else (splicer.end_at_budget)
-                )
+                end = self.splicer.synthesize_tool_use if ends else self.splicer.end_at_budget
                 await _emitted(emit, end())
-                await _emitted(emit, splicer.close())
+                await _emitted(emit, self.splicer.close())
                 self.outcome = "done"
                 return
             if failure.fatal:

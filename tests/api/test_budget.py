@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 from google import genai
 from google.genai import types
@@ -175,3 +176,14 @@ def test_gemini_keeps_max_output_tokens_across_legs(
     assert len(requests) == calls
     if calls == 2:
         assert requests[-1].body["generationConfig"]["maxOutputTokens"] == budget - CUT
+
+
+def test_a_refusal_when_the_budget_is_spent_is_still_the_explicit_error(
+    sdk: OpenAI, chaos: ChaosUpstream
+) -> None:
+    # A fatal in-band error (a content policy's) is surfaced, never turned into a clean
+    # finish with length because the budget happens to be spent too.
+    model = f"chaos:text=40,seed=49,fault=error_fatal,at={CUT},times=1"
+    with pytest.raises(openai.APIError):
+        chat(sdk, model, max_tokens=CUT)
+    assert len(chaos.requests_for(model)) == 1
