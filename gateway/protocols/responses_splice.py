@@ -256,6 +256,8 @@ class ResponsesSplicer(Legs):
         if kind == "response.output_item.added":
             index = self._next_index
         else:
+            if self._last_added is None and kind in _MESSAGE_DONE:
+                self._adopt(obj)
             index = self._item_of(obj, kind)
         # No sequence_number: the event is rendered in the client's numbering, never
         # passed through as received (it lacks what the client reads).
@@ -276,6 +278,22 @@ class ResponsesSplicer(Legs):
             if type(part) is dict and part.get("type") == "output_text":
                 fields["part"] = {"annotations": []} | part
         return self.feed(Chunk(chunk.data, obj | fields))
+
+    def _adopt(self, obj: dict[str, Any]) -> None:
+        """A continuation that had nothing to add: llama.cpp then adds no item and sends
+        only the done events of one, saying the prefix it was given. On a later leg with
+        the client's message open, that item is taken as added (it continues the
+        client's message, as any continuation's does), so the message closes as the
+        unbroken one would, with the text the client was streamed."""
+        if self.leg == 0 or self.sent.open_message() is None:
+            return
+        item = obj.get("item")
+        name = item.get("id") if type(item) is dict else obj.get("item_id")
+        if type(name) is not str:
+            return
+        added = {"type": "message", "id": name, "role": "assistant", "content": []}
+        event = {"type": "response.output_item.added", "item": added}
+        self._placed_by_id(Chunk(orjson.dumps(event), event), "response.output_item.added")
 
     def _item_of(self, obj: dict[str, Any], kind: str) -> int:
         """The index of this leg's item an event without an output_index belongs to."""

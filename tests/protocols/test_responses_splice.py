@@ -755,3 +755,39 @@ def test_a_continuations_input_items_are_typed_messages() -> None:
         assert items[0] is asked and [i["role"] for i in items[1:]] == roles
         assert all(i["type"] == "message" for i in items[1:])
         assert items[1]["content"] == LLAMACPP_SENT
+
+
+def test_a_llamacpp_continuation_with_nothing_to_add_closes_the_clients_message() -> None:
+    """Cut right after the last delta, the continuation has nothing to add: llama.cpp
+    then adds no item and sends only the done events of one (seen on the real server).
+    They close the client's message, with the text it was streamed; no error."""
+    item = "msg_c9GQ9tAdE0pXyVvZKXupKk282l5ddzc1"
+    part = {"type": "output_text", "annotations": [], "logprobs": [], "text": LLAMACPP_SENT}
+    message = {"type": "message", "status": "completed", "id": item, "role": "assistant"}
+    message |= {"content": [part]}
+    created = {"id": "resp_wTLd", "object": "response", "status": "in_progress"}
+    completed = created | {"status": "completed", "created_at": 1, "model": "m"}
+    completed |= {"output": [message], "usage": {"input_tokens": 54, "output_tokens": 1}}
+    continuation = [
+        {"type": "response.created", "response": created},
+        {"type": "response.in_progress", "response": created},
+        {"type": "response.output_text.done", "item_id": item, "text": LLAMACPP_SENT},
+        {"type": "response.content_part.done", "item_id": item, "part": part},
+        {"type": "response.output_item.done", "item": message},
+        {"type": "response.completed", "response": completed},
+    ]
+    splicer = new()
+    out = feed(splicer, recorded(LLAMACPP_CUT))
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT, None)
+    out += feed(splicer, [Chunk(orjson.dumps(e), e) for e in continuation])
+    sent = events(out)
+    assert [e["type"] for e in sent][-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert streamed_text(sent) == LLAMACPP_SENT
+    assert said_texts(sent) == [LLAMACPP_SENT] * 4
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))

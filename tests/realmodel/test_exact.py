@@ -65,16 +65,6 @@ def cases(seed: int, count: int) -> list[tuple[Door, str, int, int]]:
     return out
 
 
-def as_openai(door: Door, got: Answer | BaseException) -> Answer | BaseException:
-    """``got`` as llama.cpp would say it: its Responses door ends an answer cut by
-    ``max_output_tokens`` with ``completed`` where OpenAI (and the gateway, ending one
-    whose budget was spent) says ``incomplete``; the text is what is compared then."""
-    if door == "responses" and isinstance(got, Answer):
-        if got.finish == "incomplete: max_output_tokens":
-            return Answer(got.text, "completed", got.deltas)
-    return got
-
-
 def cut_after(truth: Answer, where: int) -> int:
     """An event position inside the answer, from a fraction in thousandths."""
     last = max(FIRST_CUT, truth.events - 2)
@@ -96,7 +86,7 @@ def test_a_reset_anywhere_is_spliced_byte_exact(
     cuts = cutting_proxy_module.cuts
     got = ask(gateway.url, door, prompt, budget)
     assert cutting_proxy_module.cuts == cuts + 1  # the answer was broken, once
-    assert as_openai(door, got) == truth
+    assert classify(truth, got) == "exact", (got, truth)
 
 
 @pytest.mark.parametrize(("door", "prompt", "budget", "where"), cases(seed=47, count=6))
@@ -122,7 +112,7 @@ def test_a_server_killed_mid_answer_is_finished_on_the_other_byte_exact(
     try:
         got = ask(gateway.url, door, prompt, budget)
         assert killed.is_set()
-        assert as_openai(door, got) == truth
+        assert classify(truth, got) == "exact", (got, truth)
     finally:
         if not llama_a.alive:
             llama_a.restart()
@@ -208,7 +198,7 @@ def test_prompt_mode_never_shows_a_reply_that_did_not_do_as_asked(
         got = exc
     cuts = {k: n - before[k] for k, n in seams().items()}
     assert cuts["none"] == 0  # no reply released that neither echoed nor restarted
-    outcome = classify(truth, as_openai(door, got))
+    outcome = classify(truth, got)
     if outcome == "wrong":  # only a reply in one of the two shapes asked for
         assert cuts["echo"] + cuts["restart"] >= 1 and cuts["diverged"] == 0, (got, cuts)
     if cuts["diverged"]:  # replayed: exact, or the explicit error
