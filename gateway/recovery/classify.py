@@ -1,11 +1,14 @@
 """Failure classification (ARCHITECTURE.md section 3): what broke, in words metrics can count.
 
-Pure: it looks at exceptions and events, it never retries or sleeps.
+Pure: it looks at exceptions, events and requests (a reasoning request's idle doubles),
+it never retries or sleeps.
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from typing import Any
 
 import httpx2
 
@@ -96,3 +99,22 @@ def retry_after_seconds(headers: list[tuple[str, str]]) -> float | None:
             except ValueError:
                 return None  # an HTTP date: rare from LLM APIs; fall back to backoff
     return None
+
+
+_REASONING_MODEL = re.compile(r"(?:^|[^a-z0-9])o[134](?:$|[^0-9])|thinking|reasoning")
+
+
+def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
+    """Reasoning models think silently for long stretches: their idle timeout doubles
+    until they answer (``gateway.runs.run.Run._relay``). So do requests that ask for it:
+    ``reasoning_effort`` (chat), ``reasoning`` (Responses), ``thinking`` on (Messages),
+    a ``thinkingConfig`` (Gemini)."""
+    if body.get("reasoning_effort") is not None or body.get("reasoning") is not None:
+        return True
+    config = body.get("generationConfig")
+    if isinstance(config, dict) and isinstance(config.get("thinkingConfig"), dict):
+        return True
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        return True
+    return bool(_REASONING_MODEL.search(model.lower()))

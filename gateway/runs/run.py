@@ -12,17 +12,15 @@ The loop (ARCHITECTURE.md sections 3 and 4)::
              backoff (~200 ms after a stall), open the continuation on this leg, or on
              the next once this leg's budget is spent ──► relay again (same client stream)
 
-A continuation asks for what is left of the client's output budget; a reply that did
-not do as asked (``SeamDiverged``) is never shown: a verified replay follows it, and a
-replay that diverges too ends the answer with the explicit error.
-
 Errors before the client stream started are HTTP errors (``open``); after it, the
 stream ends with the protocol's in-band error (section 2 item 6, section 2a).
 
 The loop knows its protocol (chat completions, Responses, Messages) only through
 its ``Adapter`` (``gateway.protocols``): decoding, the splicer, request bodies. Which
 leg each attempt goes to, and when (retries, backoff, fallbacks, circuits), is
-``Attempts``'s to decide (gateway/runs/attempts.py).
+``Attempts``'s to decide (gateway/runs/attempts.py); what a plan sends, and whether its
+answer's seam is verified (a reply that does not follow is never shown:
+``SeamDiverged``), its strategy's (gateway/runs/strategies/).
 
 Hot path (per chunk): one orjson parse, the splicer's dict lookups, and the
 received bytes forwarded when nothing needs rewriting; with a ``min_throughput``, a
@@ -34,7 +32,8 @@ generators (body, SSE, relay, run) cost more per delta than all of that together
 
 Past 450 lines on purpose: ``Run`` is one state machine (open, relay, recover) whose
 steps share the open response, the plan and the splicer; what is not that machine
-went out already (leg choice: ``attempts.py``; the log and its followers: ``log.py``).
+went out already (leg choice: ``attempts.py``; the log and its followers: ``log.py``;
+what each plan sends: ``strategies/``).
 Its bookkeeping (metrics, spans, the recovery log line) comes after the loop.
 """
 
@@ -44,7 +43,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -61,6 +59,7 @@ from gateway.recovery.classify import (
     Cause,
     classify_transport_error,
     is_context_length_error,
+    is_reasoning_request,
     is_transient_error,
 )
 from gateway.recovery.events import Chunk, Done, InBandError, Malformed
@@ -68,6 +67,7 @@ from gateway.recovery.plan import CONTINUED, Plan, plan_recovery
 from gateway.recovery.seam import SeamDiverged, SeamRule
 from gateway.recovery.throughput import ThroughputGuard
 from gateway.runs.attempts import Attempts, attempt_result
+from gateway.runs.strategies import Ask, Need, Strategy, strategy_for
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.connection import set_read_timeout, whole
 from gateway.upstream.continuation import REPLAY
@@ -78,9 +78,6 @@ if TYPE_CHECKING:
     from gateway.tracing import RunTrace
 
 logger = logging.getLogger("gateway.run")
-
-_REASONING_MODEL = re.compile(r"(?:^|[^a-z0-9])o[134](?:$|[^0-9])|thinking|reasoning")
-
 
 DRAIN_TIMEOUT = 0.05  # an upstream ends its body right after [DONE], or not at all
 
@@ -100,22 +97,6 @@ async def _drain(rest: AsyncIterator[bytes]) -> None:
         async with asyncio.timeout(DRAIN_TIMEOUT):
             async for _ in rest:
                 pass
-
-
-def is_reasoning_request(body: dict[str, Any], model: str) -> bool:
-    """Reasoning models think silently for long stretches: their idle timeout doubles
-    until they answer (``Run._relay``). So do requests that ask for it:
-    ``reasoning_effort`` (chat), ``reasoning`` (Responses), ``thinking`` on (Messages),
-    a ``thinkingConfig`` (Gemini)."""
-    if body.get("reasoning_effort") is not None or body.get("reasoning") is not None:
-        return True
-    config = body.get("generationConfig")
-    if isinstance(config, dict) and isinstance(config.get("thinkingConfig"), dict):
-        return True
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
-        return True
-    return bool(_REASONING_MODEL.search(model.lower()))
 
 
 class StreamInterrupted(UpstreamFailure):
@@ -159,7 +140,7 @@ class Run:
         self._metrics = metrics
         self._started = time.perf_counter() if started is None else started
         self.attempts = Attempts(route, upstreams.circuits, metrics)  # which leg, when
-        self._plan: Plan | None = None  # None: the original request
+        self._strategy: Strategy | None = None  # None: the original request
         self._plans: list[Plan] = []
         self._response: httpx2.Response | None = None
         # The rest of a response whose [DONE] arrived: read to its end before closing,
@@ -178,6 +159,12 @@ class Run:
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
         self.on_interrupted: Callable[[], None] | None = None
         self.trace: RunTrace | None = None  # its spans, when the gateway traces
+
+    @property
+    def _continuing(self) -> bool:
+        """Whether the open plan continues the text (a continuation request, or a
+        replay on a leg set to replay)."""
+        return self._strategy is not None and self._strategy.plan in CONTINUED
 
     @property
     def leg(self) -> ResolvedLeg:
@@ -207,31 +194,18 @@ class Run:
     # -- opening an attempt ---------------------------------------------------------
 
     def request_body(self, leg: ResolvedLeg) -> bytes | None:
-        """The body for ``leg`` under the current plan; None if the leg cannot continue."""
+        """The body for ``leg`` under the current strategy; None if the leg cannot serve it."""
         body = self.adapter.upstream_body(self._body, leg.model)
         self.accumulator.origin = leg.upstream.kind
-        self._seam = None
-        self._prefilled = False
-        mode = self._upstreams.continuation_of(leg) if self._plan in CONTINUED else None
-        if self._plan is Plan.VERIFIED_REPLAY or mode == "replay":
-            self._seam = REPLAY  # the same request: kept if it repeats what was sent
-        elif mode is not None:
-            continued = self.adapter.continuation(
-                body,
-                mode,
-                self.accumulator,
-                self.route.continuation_prompt,
-                anchored=self.route.continuation_anchor,
-            )
-            if continued is None:
-                return None
-            body = continued.body
-            self._seam = continued.seam
-            self._prefilled = continued.prefill
-            left = self._budget_left()
-            if left is not None:  # > 0: a spent budget finished the answer instead
-                body = self.adapter.with_budget(body, left)
-        body = self._upstreams.upstream_body(leg, body)  # as its provider takes it
+        ask: Ask | None = Ask(body)
+        if self._strategy is not None:
+            mode = self._upstreams.continuation_of(leg)
+            need = Need(self.adapter, body, mode, self.accumulator, self.route, self._budget_left())
+            ask = self._strategy.ask(need)
+        if ask is None:
+            return None
+        self._seam, self._prefilled = ask.seam, ask.prefill
+        body = self._upstreams.upstream_body(leg, ask.body)  # as its provider takes it
         # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
         # shrunk, and this one is kept (by the upstream request) as long as the run.
         return bytes(memoryview(orjson.dumps(body)))
@@ -258,7 +232,7 @@ class Run:
         try:
             await self._open()
         except BaseException as exc:
-            if self._plan is None:  # no stream started: the run ends here
+            if self._strategy is None:  # no stream started: the run ends here
                 cancelled = isinstance(exc, asyncio.CancelledError)
                 self.end_trace(_error_type(exc), "cancelled" if cancelled else "failed")
             raise
@@ -270,7 +244,7 @@ class Run:
             if not attempts.allowed():
                 attempts.next_leg(UpstreamFailure(f"Upstream {leg.upstream.name!r} is skipped."))
                 continue
-            if self._plan in CONTINUED:  # an ``auto`` leg learns once what its server takes
+            if self._continuing:  # an ``auto`` leg learns once what its server takes
                 await self._upstreams.learn_continuation(leg, self._client_authorization)
             body = self.request_body(leg)
             if body is None:
@@ -297,11 +271,11 @@ class Run:
                     # Not the leg's failure: the same leg again at once, in prompt mode.
                     attempts.count("prefill_refused")
                     continue
-                await attempts.failed_open(exc, first=self._plan is None)
+                await attempts.failed_open(exc, first=self._strategy is None)
             except UpstreamFailure as exc:
                 if trace is not None:
                     trace.attempt_failed(attempt_result(exc), None, exc.message)
-                await attempts.failed_open(exc, first=self._plan is None)
+                await attempts.failed_open(exc, first=self._strategy is None)
             else:
                 attempts.count("ok")
                 if trace is not None:
@@ -311,8 +285,8 @@ class Run:
 
     def _trace_attempt(self, trace: RunTrace, leg: ResolvedLeg) -> dict[str, str]:
         """Start the span of the request about to go to ``leg``: its headers."""
-        plan = self._plan
-        continued = plan in CONTINUED
+        plan = None if self._strategy is None else self._strategy.plan
+        continued = self._continuing
         return trace.attempt(
             leg,
             index=self.attempts.index,
@@ -327,7 +301,7 @@ class Run:
         """A continuation ending with an assistant message was refused (400/422): the
         model takes no prefill (Claude 4.6+, some OpenAI-compatible servers). Remembered
         for the upstream and model, so later runs go straight to prompt mode."""
-        if self._plan not in CONTINUED:
+        if not self._continuing:
             return False
         # What was sent, not the leg's mode: a request with thinking on, or a prefix of
         # whitespace only, went in prompt mode whatever the mode says.
@@ -488,23 +462,21 @@ class Run:
                 structured=self.adapter.structured(self._body),
                 diverged=failure.cause is Cause.DIVERGED,
             )
-            # The completed tool calls are an answer whatever broke; a spent budget ends
-            # one only where the break was not a refusal (a fatal error is surfaced).
-            ends = plan is Plan.SYNTHESIZE_TOOL_USE
-            if ends or (plan is Plan.FINISH_AT_BUDGET and not failure.fatal):
+            strategy = strategy_for(plan)
+            end = strategy.end(self.splicer, fatal=failure.fatal)
+            if end is not None:
                 self._log_recovery(failure, plan)
                 self._plans.append(plan)
                 self.recoveries += 1
                 self._count_recoveries("recovered")
-                end = self.splicer.synthesize_tool_use if ends else self.splicer.end_at_budget
-                await _emitted(emit, end())
+                await _emitted(emit, end)
                 await _emitted(emit, self.splicer.close())
                 self.outcome = "done"
                 return
             if failure.fatal:
                 self._count_recoveries("failed")
                 raise self._final(failure) from None
-            self._plan = plan
+            self._strategy = strategy
             self._plans.append(plan)
             self.recoveries += 1
             try:

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.recovery.classify import is_context_length_error
-from gateway.runs.run import is_reasoning_request
+from gateway.recovery.classify import is_context_length_error, is_reasoning_request
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,40 @@
+"""ContinueText and TruncateBeforeTool: the text the client has, continued by the leg's
+own means (``gateway.upstream.continuation``: a literal prefill, a prefix, or prompt mode
+with a quoted anchor), asking for what is left of the client's output budget
+(ARCHITECTURE.md 6b, rule 4). A half-written tool call was never sent: it is dropped, and
+the model may emit it again, whole."""
+
+from __future__ import annotations
+
+from gateway.recovery.plan import Plan
+from gateway.runs.strategies.base import Ask, Need, Strategy
+from gateway.runs.strategies.replay import VerifiedReplay
+
+
+class ContinueText(Strategy):
+    plan = Plan.CONTINUE_TEXT
+
+    def ask(self, need: Need) -> Ask | None:
+        if need.mode == "replay":  # a leg set to continue by replaying the request
+            return VerifiedReplay().ask(need)
+        route = need.route
+        continued = need.adapter.continuation(
+            need.body,
+            need.mode,
+            need.sent,
+            route.continuation_prompt,
+            anchored=route.continuation_anchor,
+        )
+        if continued is None:
+            return None
+        body = continued.body
+        if need.budget_left is not None:  # > 0: a spent budget finished the answer instead
+            body = need.adapter.with_budget(body, need.budget_left)
+        return Ask(body, continued.seam, continued.prefill)
+
+
+class TruncateBeforeTool(ContinueText):
+    """Text and a half-written call: the call is dropped (it was never sent), the text
+    continued as ``ContinueText`` does."""
+
+    plan = Plan.TRUNCATE_BEFORE_TOOL
