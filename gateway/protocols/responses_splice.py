@@ -281,19 +281,21 @@ class ResponsesSplicer(Legs):
 
     def _adopt(self, obj: dict[str, Any]) -> None:
         """A continuation that had nothing to add: llama.cpp then adds no item and sends
-        only the done events of one, saying the prefix it was given. On a later leg with
-        the client's message open, that item is taken as added (it continues the
-        client's message, as any continuation's does), so the message closes as the
-        unbroken one would, with the text the client was streamed."""
-        if self.leg == 0 or self.sent.open_message() is None:
+        only the done events of one, saying the prefix it was given. On a later leg whose
+        client message is not closed yet (its text may have been said done before the
+        break), that item is taken as the client's message, as any continuation's is: its
+        done events close the message once, with the text the client was streamed."""
+        message = next((i for i in reversed(self.sent.items) if i.type == "message"), None)
+        if self.leg == 0 or message is None or message.done is not None:
             return
         item = obj.get("item")
         name = item.get("id") if type(item) is dict else obj.get("item_id")
         if type(name) is not str:
             return
-        added = {"type": "message", "id": name, "role": "assistant", "content": []}
-        event = {"type": "response.output_item.added", "item": added}
-        self._placed_by_id(Chunk(orjson.dumps(event), event), "response.output_item.added")
+        index = self._next_index
+        self._opened(index, {"item": {"id": name}})
+        self._map[index] = message
+        self._continued.add(index)
 
     def _item_of(self, obj: dict[str, Any], kind: str) -> int:
         """The index of this leg's item an event without an output_index belongs to."""

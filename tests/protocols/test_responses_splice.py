@@ -757,18 +757,23 @@ def test_a_continuations_input_items_are_typed_messages() -> None:
         assert items[1]["content"] == LLAMACPP_SENT
 
 
-def test_a_llamacpp_continuation_with_nothing_to_add_closes_the_clients_message() -> None:
-    """Cut right after the last delta, the continuation has nothing to add: llama.cpp
-    then adds no item and sends only the done events of one (seen on the real server).
-    They close the client's message, with the text it was streamed; no error."""
+@pytest.mark.parametrize("said", [0, 1, 2])
+def test_a_llamacpp_continuation_with_nothing_to_add_closes_the_clients_message(
+    said: int,
+) -> None:
+    """Cut after the last delta (and after ``said`` of the message's done events), the
+    continuation has nothing to add: llama.cpp then adds no item and sends only the done
+    events of one (seen on the real server). They close the client's message once, with
+    the text it was streamed; no error."""
     item = "msg_c9GQ9tAdE0pXyVvZKXupKk282l5ddzc1"
-    part = {"type": "output_text", "annotations": [], "logprobs": [], "text": LLAMACPP_SENT}
-    message = {"type": "message", "status": "completed", "id": item, "role": "assistant"}
-    message |= {"content": [part]}
-    created = {"id": "resp_wTLd", "object": "response", "status": "in_progress"}
+    part: dict[str, Any] = {"type": "output_text", "annotations": [], "logprobs": []}
+    part["text"] = LLAMACPP_SENT
+    message: dict[str, Any] = {"type": "message", "status": "completed", "id": item}
+    message |= {"role": "assistant", "content": [part]}
+    created: dict[str, Any] = {"id": "resp_wTLd", "object": "response", "status": "in_progress"}
     completed = created | {"status": "completed", "created_at": 1, "model": "m"}
     completed |= {"output": [message], "usage": {"input_tokens": 54, "output_tokens": 1}}
-    continuation = [
+    continuation: list[dict[str, Any]] = [
         {"type": "response.created", "response": created},
         {"type": "response.in_progress", "response": created},
         {"type": "response.output_text.done", "item_id": item, "text": LLAMACPP_SENT},
@@ -776,8 +781,14 @@ def test_a_llamacpp_continuation_with_nothing_to_add_closes_the_clients_message(
         {"type": "response.output_item.done", "item": message},
         {"type": "response.completed", "response": completed},
     ]
+    first = recorded(LLAMACPP_CUT)
+    own = first[2].obj["item"]["id"]
+    done: list[dict[str, Any]] = [
+        {"type": "response.output_text.done", "item_id": own, "text": LLAMACPP_SENT},
+        {"type": "response.content_part.done", "item_id": own, "part": part},
+    ][:said]
     splicer = new()
-    out = feed(splicer, recorded(LLAMACPP_CUT))
+    out = feed(splicer, first + [Chunk(orjson.dumps(e), e) for e in done])
     splicer.end_leg()
     splicer.begin_leg(Plan.CONTINUE_TEXT, None)
     out += feed(splicer, [Chunk(orjson.dumps(e), e) for e in continuation])
