@@ -132,6 +132,12 @@ class Adapter(ABC):
             value = value.get(name) if isinstance(value, dict) else None
         return isinstance(value, dict) and value.get("type") in ("json_schema", "json_object")
 
+    def greedy(self, body: dict[str, Any]) -> bool:
+        """Whether the request asks for greedy decoding (``temperature: 0``): the model's
+        one answer, which only a literal prefill or a replay can finish exactly."""
+        temperature = body.get("temperature")
+        return type(temperature) in (int, float) and temperature == 0
+
     def for_continuation(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` as a continuation starts from (its ``turns`` a list)."""
         return body

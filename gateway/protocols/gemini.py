@@ -121,6 +121,9 @@ class GeminiAdapter(Adapter):
         config = _generation_config(body) | {"maxOutputTokens": tokens}
         return body | {"generationConfig": config}
 
+    def greedy(self, body: dict[str, Any]) -> bool:
+        return super().greedy(_generation_config(body))
+
     def structured(self, body: dict[str, Any]) -> bool:
         config = _generation_config(body)
         return (

@@ -127,7 +127,12 @@ def test_a_plain_http_upstream_through_a_proxy_is_forwarded(
         == expected_answer(model).text
     )
     targets = {(r.method, r.target) for r in proxy.requests}
-    assert targets == {("POST", f"{chaos.base_url}/chat/completions")}
+    # The continuation's look at what the server takes (continuation: auto) goes the
+    # same way as every request to the upstream.
+    assert targets == {
+        ("POST", f"{chaos.base_url}/chat/completions"),
+        ("GET", f"{chaos.base_url}/models"),
+    }
     assert len(chaos.requests_for(model)) == 2  # the break, and its continuation
 
 

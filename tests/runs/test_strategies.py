@@ -69,3 +69,14 @@ def test_completed_calls_end_the_answer_even_after_a_refusal_a_spent_budget_does
     assert b"tool_calls" in (strategy_for(Plan.SYNTHESIZE_TOOL_USE).end(splicer, fatal=True) or b"")
     for plan in (Plan.WHOLE_RESTART, Plan.CONTINUE_TEXT, Plan.VERIFIED_REPLAY):
         assert strategy_for(plan).end(splicer, fatal=False) is None
+
+
+def test_a_greedy_request_on_a_prompt_mode_leg_is_replayed_not_continued() -> None:
+    greedy = BODY | {"temperature": 0}
+    ask = strategy_for(Plan.CONTINUE_TEXT).ask(need("prompt", body=greedy))
+    assert ask is not None and ask.body == greedy and ask.seam is REPLAY
+    # Sampled, it is continued in prompt mode; greedy on a literal prefill, continued.
+    sampled = strategy_for(Plan.CONTINUE_TEXT).ask(need("prompt", body=BODY | {"temperature": 1}))
+    assert sampled is not None and sampled.body["messages"][-1]["role"] == "user"
+    prefill = strategy_for(Plan.CONTINUE_TEXT).ask(need("vllm", body=greedy))
+    assert prefill is not None and prefill.prefill

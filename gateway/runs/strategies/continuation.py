@@ -1,7 +1,9 @@
 """ContinueText and TruncateBeforeTool: the text the client has, continued by the leg's
 own means (``gateway.upstream.continuation``: a literal prefill, a prefix, or prompt mode
 with a quoted anchor), asking for what is left of the client's output budget
-(ARCHITECTURE.md 6b, rule 4). A half-written tool call was never sent: it is dropped, and
+(ARCHITECTURE.md 6b, rule 4). A greedy request (``temperature: 0``) on a prompt-mode leg
+is replayed and verified instead: it asks for the model's one answer, which prompt mode
+cannot give. A half-written tool call was never sent: it is dropped, and
 the model may emit it again, whole."""
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ class ContinueText(Strategy):
 
     def ask(self, need: Need) -> Ask | None:
         if need.mode == "replay":  # a leg set to continue by replaying the request
+            return VerifiedReplay().ask(need)
+        if need.mode == "prompt" and need.adapter.greedy(need.body):
+            # A greedy request asks for the model's one answer; a prompt-mode reply, even
+            # one that does as asked, is another (the model was asked something else).
             return VerifiedReplay().ask(need)
         route = need.route
         continued = need.adapter.continuation(
