@@ -6,9 +6,6 @@
   started again, on the same port, once the test is over.
 - ``cutting_proxy``: a ``CuttingProxy`` in front of ``llama_a`` (``.url``), fresh for
   each test; ``cutting_proxy.arm(5, "reset")`` breaks the next response after 5 events.
-- ``realmodel_gateway``: a gateway (``RunningGateway``) with ``cutting_proxy`` as its
-  upstream A and ``llama_b`` as the fallback (``probes.realmodel.routes``), fresh for
-  each test; ask it with ``probes.realmodel.cases.through_gateway``.
 
 The model and xllamacpp come from ``scripts/install`` (the test command runs it): if
 either is missing the fixtures fail, saying so, rather than skip.
@@ -22,9 +19,7 @@ from pathlib import Path
 import pytest
 
 from probes.realmodel.cut import CuttingProxy
-from probes.realmodel.routes import gateway_config
 from probes.realmodel.server import LlamaServer, RealModelMissing, check_installed
-from tests.servers import RunningGateway, running_gateway
 
 _servers: list[LlamaServer] = []  # the session's, revived after a test that killed one
 
@@ -65,11 +60,3 @@ def _revive_killed_servers() -> Iterator[None]:
 def cutting_proxy(llama_a: LlamaServer) -> Iterator[CuttingProxy]:
     with CuttingProxy(llama_a.port) as proxy:
         yield proxy
-
-
-@pytest.fixture
-def realmodel_gateway(
-    cutting_proxy: CuttingProxy, llama_b: LlamaServer
-) -> Iterator[RunningGateway]:
-    with running_gateway(gateway_config(cutting_proxy.url, llama_b.url)) as gateway:
-        yield gateway

@@ -9,8 +9,9 @@ enough that some end by themselves. The continuation mode is left unset: the gat
 learns that llama.cpp continues a final assistant message (``continuation: auto``).
 
 Then what only a real model shows: a structured answer across a seam is the unbroken
-one, or an explicit error; prompt mode, which this small model rarely follows, is
-never silently wrong.
+one, or an explicit error; a greedy request on a prompt-mode leg, whose replies this
+small model rarely makes as asked, is never silently wrong. The servers are
+batch-invariant (``probes.realmodel.server``): a byte-exact prefill needs that.
 """
 
 from __future__ import annotations
