@@ -13,7 +13,9 @@ prefix it continued and the text it answered (``RecordedRequest``).
 Modules: ``spec`` (grammar), ``answer`` (content and deltas), ``render`` (bytes),
 ``http11`` (the minimal HTTP/1.1), ``wire`` (writing bodies: batched, paced, split),
 ``faults`` (what each fault sends, and how the socket breaks), ``responses`` (the
-same answers as Responses API events, ``POST /v1/responses``), ``messages`` (the
+same answers as Responses API events, ``POST /v1/responses``), ``background`` (OpenAI's
+background mode there: a generation kept and generated without a reader, retrieved
+``starting_after`` an event, cancelled, forgotten after a while), ``messages`` (the
 same answers as Anthropic Messages API events, ``POST /v1/messages``), ``gemini`` and
 ``gemini_stream`` (the same answers in the native Gemini API, by the Developer API's door
 and Vertex AI's), ``server``

@@ -28,6 +28,7 @@ from gateway.chaos.render import EventFormat
 from gateway.chaos.spec import ChaosSpec
 
 CREATED = b"response.created"
+QUEUED = b"response.queued"  # background mode only (background.py)
 IN_PROGRESS = b"response.in_progress"
 COMPLETED = b"response.completed"
 FAILED = b"response.failed"
@@ -47,6 +48,7 @@ ARGUMENTS_DONE = b"response.function_call_arguments.done"
 
 _KINDS = (
     CREATED,
+    QUEUED,
     IN_PROGRESS,
     COMPLETED,
     FAILED,

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from ssl import SSLContext
 from typing import Protocol, TypeVar
 
+from gateway.chaos.background import TTL
 from gateway.chaos.server import ChaosUpstream
 
 _START_TIMEOUT = 10.0
@@ -66,13 +67,18 @@ def serving_in_thread(server: S, name: str) -> Iterator[S]:
 
 @contextlib.contextmanager
 def running_chaos_upstream(
-    host: str = "127.0.0.1", port: int = 0, ssl: SSLContext | None = None
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ssl: SSLContext | None = None,
+    background_ttl: float = TTL,
 ) -> Iterator[ChaosUpstream]:
     """Run a ChaosUpstream on its own event loop in a daemon thread; stop it on exit.
 
     With ``ssl`` (a server context) it listens with TLS; its ``base_url`` is ``https://``.
+    ``background_ttl``: how long a background response is kept after it ended.
     """
-    with serving_in_thread(ChaosUpstream(host, port, ssl), "chaos-upstream") as upstream:
+    upstream = ChaosUpstream(host, port, ssl, background_ttl)
+    with serving_in_thread(upstream, "chaos-upstream") as upstream:
         yield upstream
 
 

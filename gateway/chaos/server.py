@@ -15,6 +15,8 @@ or an in-band ``error`` event, has Anthropic's shape
 (``{"type":"error","error":{"type","message"}}``). Gemini's doors (the Developer API's
 ``/v1beta/models/{model}:streamGenerateContent``, Vertex AI's ``publishers/google``)
 say it in Gemini's chunks (``gemini.py``, ``gemini_stream.py``), errors in Google's shape.
+A Responses request with ``background: true`` is kept and generated without a reader,
+retrieved and cancelled by id (``background.py``).
 
 Past 450 lines on purpose: ``ChaosUpstream`` is the one place that turns a request
 into its answer and its fault, for every door; what a door says is in its dialect
@@ -37,7 +39,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos import clouds, gemini, gemini_stream, messages, render, responses
+from gateway.chaos import background, clouds, gemini, gemini_stream, messages, render, responses
 from gateway.chaos.answer import (
     Script,
     anchor_of,
@@ -125,7 +127,11 @@ class ChaosUpstream:
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, ssl: SSLContext | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl: SSLContext | None = None,
+        background_ttl: float = background.TTL,
     ) -> None:
         self.host = host
         self._port = port
@@ -136,6 +142,8 @@ class ChaosUpstream:
         self._counts = SpecCounts()  # times= and attempts, by spec string
         self._ids = itertools.count(1)
         self.tokens = clouds.Tokens()  # the Vertex dialect's OAuth tokens
+        # Background Responses (background.py), kept background_ttl s after they end.
+        self.backgrounds = background.BackgroundResponses(background_ttl)
 
     async def start(self) -> None:
         if self._server is not None:
@@ -240,6 +248,8 @@ class ChaosUpstream:
             return await self._cloud(request, door, payload, reader, writer)
         recorded = self._record(request, payload)
         self.requests.append(recorded)
+        if background.is_background_path(request.path):  # a retrieve or a cancel
+            return await self.backgrounds.serve(request, reader, writer)
         route = (request.method, request.path)
         if route == ("GET", "/v1/models"):
             return await _reply(writer, request, 200, render.MODELS)
@@ -355,6 +365,8 @@ class ChaosUpstream:
             return await _reply_error(writer, request, 400, message)
         if request.path == "/v1/messages" and (refusal := messages.prefill_error(payload)):
             return await _reply_error(writer, request, 400, refusal)
+        if request.path == "/v1/responses" and (unstored := background.refusal(payload)):
+            return await _reply(writer, request, 400, unstored)
         if request.path == "/v1/responses" and (refusal := responses.refused_items(payload)):
             return await _reply_error(writer, request, 400, refusal)
         if request.path == "/v1/messages" and (refusal := messages.refused_thinking(payload)):
@@ -483,6 +495,9 @@ class ChaosUpstream:
             encrypted=responses.asks_encrypted(payload),
             usage_extra=spec.usage_extra,
         )
+        if payload.get("background") is True:  # kept, and generated without a reader
+            keep = self.backgrounds.create
+            return await keep(request, payload, spec, plan, fault, reader, writer)
         if payload.get("stream") is not True:
             return await _reply_json(writer, request, orjson.dumps(plan.response), fault)
         sent, ending = break_responses(

@@ -25,6 +25,10 @@ has neither frame: the chaos upstream plays both as ``reset``.
 ``fault=error_data`` is Gemini's in-band error as a ``data:`` event, beside ``error``,
 Google's raw JSON object after the events (``gemini_stream.py``); the other dialects,
 whose in-band errors are events already, play it as their ``error``.
+
+A Responses request with ``background: true`` (``background.py``) outlives its
+connection: a connection fault cuts only that connection, an in-band error fails the
+stored generation; ``retrieve_faults=K`` cuts the first K streamed retrieves too.
 """
 
 from __future__ import annotations
@@ -109,6 +113,9 @@ class ChaosSpec:
     # N: the Responses usage also reports counters no SDK or gateway knows yet (a nested
     # ``input_tokens_details.future_tokens`` and ``future_usage.units``), N each.
     usage_extra: int = 0
+    # K: the first K streamed retrieves of each background response (background.py) are
+    # cut too, by the spec's connection fault (else a reset), ``at`` deltas after they start.
+    retrieve_faults: int = 0
 
     @property
     def line_ending(self) -> bytes:
@@ -184,6 +191,7 @@ _KEYS: dict[str, Callable[[str], object]] = {
     "rechunk": _flag,
     "sample": _flag,
     "usage_extra": _integer(0, 1_000_000),
+    "retrieve_faults": _integer(0, 1_000_000),
 }
 
 
