@@ -146,6 +146,13 @@ class Metrics:
             "Characters a continuation repeated at the seam, trimmed before the client.",
             registry=r,
         )
+        self.upstream_cancels = Counter(
+            "gateway_upstream_cancels_total",
+            "Upstream background responses cancelled because no run would read them (a "
+            "run abandoned, or recovered by another plan), by upstream and outcome.",
+            ["upstream", "outcome"],
+            registry=r,
+        )
         self.prefill_refusals = Counter(
             "gateway_continuation_prefill_refused_total",
             "Continuations refused for ending with an assistant message (prefill), by "

@@ -27,6 +27,7 @@ upstreams:
   - name: chaos
     base_url: {chaos}
     timeouts: {{connect: 2, first_byte: 5, idle: {idle}}}
+    background: {background}
 routes:
   - match: "*"
     upstream: chaos
@@ -48,11 +49,16 @@ def replica_config(
     idle: float = 2,
     durability: str = "sync",
     state: Mapping[str, float] | None = None,
+    background: bool = False,
 ) -> Path:
     """Write ``REPLICA_CONFIG`` for this chaos upstream and Redis to ``path``, with more
-    ``state`` settings if given."""
+    ``state`` settings if given; ``background``: Responses asked as background responses."""
     config = REPLICA_CONFIG.format(
-        chaos=chaos_url, redis=redis_url, idle=idle, durability=durability
+        chaos=chaos_url,
+        redis=redis_url,
+        idle=idle,
+        durability=durability,
+        background="true" if background else "false",
     )
     config += "".join(f"  {name}: {value}\n" for name, value in (state or {}).items())
     path.write_text(config)

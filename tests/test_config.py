@@ -281,3 +281,19 @@ def test_a_global_vertex_region_has_the_global_endpoint() -> None:
         {"upstreams": [{"name": "v", "kind": "vertex", "region": "global", "project": "p"}]}
     )
     assert config.upstreams[0].base_url == "https://aiplatform.googleapis.com/v1"
+
+
+def test_background_responses_are_on_for_openai_and_azure_and_off_elsewhere() -> None:
+    def upstream(**fields: object) -> dict[str, object]:
+        return {"upstreams": [{"name": "u"} | fields], "routes": [{"match": "*", "upstream": "u"}]}
+
+    def runs(**fields: object) -> bool:
+        return parse_config(upstream(**fields)).upstreams[0].runs_background
+
+    assert runs(base_url="https://api.openai.com/v1")
+    assert runs(kind="azure", base_url="https://x.openai.azure.com/openai/v1")
+    assert not runs(base_url="http://127.0.0.1:8000/v1")  # vLLM, llama.cpp...: may not keep them
+    assert runs(base_url="http://127.0.0.1:8000/v1", background=True)
+    assert not runs(base_url="https://api.openai.com/v1", background=False)
+    with pytest.raises(ConfigError, match="background is for kinds openai and azure"):
+        parse_config(upstream(kind="anthropic", base_url="https://a", background=True))

@@ -116,6 +116,9 @@ class RunState:
     # be lost to a failover, so a tail does not give them out yet); None: not said (a
     # release before it, or nothing waited for), every event of ``seq``.
     acked: int | None = None
+    # The first leg's upstream response, where it is a background one still generating:
+    # a takeover reads it again (``Run.restore``) before any other plan. None: not one.
+    background: str | None = None
 
     def released(self) -> int:
         """The events a client following the run from the store may have: acknowledged
@@ -260,6 +263,7 @@ _STATE: Schema = {
     "updated": (_is_number, 0.0),
     "version": (_is_int, 1),
     "acked": (_is_int, None),
+    "background": (_is_str, None),
 }
 _CALL: Schema = {"name": (_is_str, ""), "arguments": (_is_str, "")}
 

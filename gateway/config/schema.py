@@ -199,6 +199,13 @@ class Upstream(_Model):
     # wins) with their own mode, e.g. {"claude-*": prompt} on an upstream whose
     # default is prefix. A leg's own `continuation` wins over both.
     continuation_models: dict[str, Continuation] = Field(default_factory=dict)
+    # Responses requests the client lets the upstream store (no ``store: false``) asked
+    # as background responses, so that a cut stream is re-attached to the same
+    # generation (``GET /responses/{id}?stream=true&starting_after=N``) before any
+    # continuation. Unset: on for OpenAI's own API (api.openai.com) and azure, whose
+    # Responses APIs keep background responses; off for other OpenAI-compatible servers,
+    # which may not (docs/recovery.md, "The provider's own resume").
+    background: bool | None = None
     circuit: Circuit = Circuit()
     # Default: ["chat", "responses"]; ["messages"] on an anthropic, bedrock or vertex
     # upstream; ["gemini"] on a gemini one. A vertex upstream serves Claude (messages),
@@ -314,6 +321,8 @@ class Upstream(_Model):
                 "kind azure needs base_url up to /openai/v1, or api_version for the "
                 "deployments form (base_url up to the resource)"
             )
+        if self.background and self.kind not in ("openai", "azure"):
+            raise ValueError("background is for kinds openai and azure (the Responses API)")
         if self.kind == "bedrock" and self.protocols != ["messages"]:
             raise ValueError("kind bedrock serves protocols [messages] only")
         if self.kind == "vertex" and not set(self.protocols) <= {"messages", "gemini"}:
@@ -327,6 +336,16 @@ class Upstream(_Model):
     @property
     def root(self) -> str:
         return self.base_url.rstrip("/")
+
+    @property
+    def runs_background(self) -> bool:
+        """Whether its stored Responses requests go as background responses
+        (``background``; unset: OpenAI's own API and Azure)."""
+        if self.background is not None:
+            return self.background
+        if self.kind == "azure":
+            return True
+        return self.kind == "openai" and urlsplit(self.base_url).hostname == "api.openai.com"
 
     @property
     def api_root(self) -> str:

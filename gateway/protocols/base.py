@@ -25,7 +25,7 @@ from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk, Event
-from gateway.recovery.plan import Plan, Sent
+from gateway.recovery.plan import Plan, Position, Sent
 from gateway.recovery.seam import SeamRule
 from gateway.upstream.continuation import ContinuationRequest, continuation_request
 
@@ -44,6 +44,7 @@ class ClientStream(Protocol):
     def restore(self, leg: int, in_flight: list[str]) -> None: ...
     def in_flight(self) -> list[str]: ...
     def held_calls(self) -> list[tuple[str, str]]: ...
+    def resumable(self) -> Position | None: ...
     @property
     def trimmed(self) -> int: ...
     def seam_outcomes(self) -> list[str]: ...
@@ -113,6 +114,13 @@ class Adapter(ABC):
     def upstream_body(self, body: dict[str, Any], model: str) -> dict[str, Any]:
         """The request a leg sends: always streaming (a non-streaming client's answer
         is assembled by the gateway, with the same recovery)."""
+
+    def in_background(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """``body`` (a leg's request) asked as a background response, which the provider
+        goes on generating with no reader and streams again from any event (the
+        Responses API's ``background``); None: the protocol has no such thing, or the
+        client declined storage (``store: false``)."""
+        return None
 
     def budget(self, body: dict[str, Any]) -> int | None:
         """The most output tokens the client's request allows (None: it sets no limit)."""

@@ -169,10 +169,19 @@ class ResponsesAdapter(Adapter):
     def splicer(self, accumulator: RunAccumulator, body: dict[str, Any]) -> ResponsesSplicer:
         assert isinstance(accumulator, ResponsesAccumulator)
         model = body.get("model")
-        return ResponsesSplicer(accumulator, model=model if isinstance(model, str) else None)
+        return ResponsesSplicer(
+            accumulator,
+            model=model if isinstance(model, str) else None,
+            background=body.get("background") is True,
+        )
 
     def upstream_body(self, body: dict[str, Any], model: str) -> dict[str, Any]:
         return body | {"model": model, "stream": True}
+
+    def in_background(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        if body.get("store") is False:  # a background response is a stored one
+            return None
+        return body if body.get("background") is True else body | {"background": True}
 
     def for_continuation(self, body: dict[str, Any]) -> dict[str, Any]:
         return for_continuation(body)

@@ -34,6 +34,7 @@ from gateway.protocols.responses_items import Item, ResponsesAccumulator
 from gateway.recovery.accumulator import ToolCall
 from gateway.recovery.events import Chunk
 from gateway.recovery.legs import Legs
+from gateway.recovery.plan import Position
 
 # Events that carry the whole response object: the first leg's are the client's.
 LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
@@ -114,11 +115,24 @@ class Held:
 
 class ResponsesSplicer(Legs):
     def __init__(
-        self, accumulator: ResponsesAccumulator, *, model: str | None, replaying: bool = False
+        self,
+        accumulator: ResponsesAccumulator,
+        *,
+        model: str | None,
+        replaying: bool = False,
+        background: bool = False,
     ) -> None:
         super().__init__(accumulator)
         self.sent: ResponsesAccumulator = accumulator
         self._model = model
+        # Whether the client asked for a background response itself; if not, one the
+        # gateway asked for is shown as the response the client asked for: its own
+        # ``background``, ``in_progress`` from the start, no ``response.queued``.
+        self._background = background
+        # The open leg's background response (None: not one), and the number of its last
+        # event received: where it is read again after a break (``resumable``).
+        self._upstream_id: str | None = None
+        self._upstream_seq: int | None = None
         # Rebuilding a client's view from its own events: what it was sent is what it has,
         # reasoning included (a log from before reasoning was held may end inside one).
         self._held_types = ("function_call",) if replaying else ("function_call", "reasoning")
@@ -158,7 +172,13 @@ class ResponsesSplicer(Legs):
     def holding(self) -> bool:
         return bool(self._held_calls())
 
+    def resumable(self) -> Position | None:
+        if self.finished or self._upstream_id is None or self._upstream_seq is None:
+            return None
+        return Position(self._upstream_id, self._upstream_seq)
+
     def forget_leg(self) -> None:
+        self._upstream_id = self._upstream_seq = None
         self._held.clear()
         self._map.clear()
         self._continued.clear()
@@ -175,6 +195,10 @@ class ResponsesSplicer(Legs):
         kind = obj.get("type")
         if type(kind) is not str or self.finished:
             return None
+        if self._upstream_id is not None:  # a background response: where it is read again
+            number = obj.get("sequence_number")
+            if type(number) is int:
+                self._upstream_seq = number
         index = obj.get("output_index")
         if type(index) is int:
             if index in self._held:
@@ -205,8 +229,20 @@ class ResponsesSplicer(Legs):
         response = chunk.obj.get("response")
         if type(response) is not dict:
             return None
+        if kind == "response.created":  # every leg's: is it one to read again after a break?
+            name = response.get("id")
+            if response.get("background") is True and type(name) is str and name:
+                self._upstream_id = name
+                number = chunk.obj.get("sequence_number")
+                self._upstream_seq = number if type(number) is int else None
+        if not self._background:
+            if kind == "response.queued":
+                return None  # the gateway's background response: not the client's
+            response = self._as_asked(response)
         if sent.response is None:
             obj = chunk.obj
+            if response is not obj["response"]:
+                obj = obj | {"response": response}
             if response.get("created_at") is None or response.get("model") is None:
                 # A server that leaves them out (llama.cpp's): the gateway's, as in ``fail``.
                 response = response | {
@@ -225,6 +261,18 @@ class ResponsesSplicer(Legs):
     def _client_response(self, response: dict[str, Any]) -> dict[str, Any]:
         identity = self.sent.identity or {}
         return response | identity
+
+    @staticmethod
+    def _as_asked(response: dict[str, Any]) -> dict[str, Any]:
+        """A background response the gateway asked for, as the client's request would
+        have had it: not background, generating from the start (never ``queued``)."""
+        if response.get("background") is not True:
+            return response
+        status = response.get("status")
+        return response | {
+            "background": False,
+            "status": "in_progress" if status == "queued" else status,
+        }
 
     # -- events without an output_index (a server's dialect) --------------------------
 
@@ -664,12 +712,23 @@ class ResponsesSplicer(Legs):
     # -- output -----------------------------------------------------------------------
 
     def _emit(self, chunk: Chunk, obj: dict[str, Any]) -> bytes:
-        """``obj`` as the client's next event: the bytes received when nothing changed."""
+        """``obj`` as the client's next event: the bytes received when nothing changed but,
+        at most, its number (a background response's ``response.queued`` is not shown, so
+        its later events are one behind): then that is changed in place."""
         sent = self.sent
-        if obj is chunk.obj and obj.get("sequence_number") == sent.seq and self.leg == 0:
-            if b"\n" not in chunk.data:  # several data: lines would need re-encoding
+        data = chunk.data
+        if obj is chunk.obj and self.leg == 0 and b"\n" not in data:  # one data: line
+            number = obj.get("sequence_number")
+            if number == sent.seq:
                 sent.seq += 1
-                return frame(obj["type"], chunk.data)
+                return frame(obj["type"], data)
+            if type(number) is int:
+                # Outside a JSON string only a key reads so (a string escapes its quotes).
+                said = b'"sequence_number":%d' % number
+                if said in data:
+                    data = data.replace(said, b'"sequence_number":%d' % sent.seq, 1)
+                    sent.seq += 1
+                    return frame(obj["type"], data)
         return self._render(obj)
 
     def _render(self, obj: dict[str, Any]) -> bytes:

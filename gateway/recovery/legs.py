@@ -10,7 +10,7 @@ forgets in ``forget_leg``.
 from __future__ import annotations
 
 from gateway.recovery.accumulator import RunAccumulator
-from gateway.recovery.plan import CONTINUED, Plan, Sent
+from gateway.recovery.plan import CONTINUED, Plan, Position, Sent
 from gateway.recovery.seam import SeamRule, Seams, SeamTrimmer
 
 # Plans whose leg repeats some of what the client has first (a seam to trim).
@@ -32,6 +32,11 @@ class Legs:
 
     def forget_leg(self) -> None:
         """A new leg: what the splicer held of the broken one was never sent."""
+
+    def resumable(self) -> Position | None:
+        """Where the open leg's upstream response can be read again (a background
+        response still generating), or None: it cannot be."""
+        return None
 
     def restore(self, leg: int, in_flight: list[str]) -> None:
         """Continue a run rebuilt from a checkpoint: its accumulator is already ``sent``."""

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 
 class Plan(enum.StrEnum):
+    # The leg's stream is read again from where it broke, on the same upstream: the
+    # provider's own generation goes on (a background response: no new generation, no seam).
+    REATTACH = "reattach"
     WHOLE_RESTART = "whole_restart"  # nothing (or only the role) sent: ask again
     CONTINUE_TEXT = "continue_text"  # text sent: continue it from the prefix
     SYNTHESIZE_TOOL_USE = "synthesize_tool_use"  # completed calls sent: finish with them
@@ -20,6 +23,15 @@ class Plan(enum.StrEnum):
 
 
 CONTINUED = frozenset({Plan.CONTINUE_TEXT, Plan.TRUNCATE_BEFORE_TOOL})
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a leg's upstream response can be read again: the provider's own id for it,
+    and the last of its events received (its ``sequence_number``)."""
+
+    response: str
+    after: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +49,7 @@ def plan_recovery(
     budget_left: int | None = None,
     structured: bool = False,
     diverged: bool = False,
+    resumable: bool = False,
 ) -> Plan:
     """The plan for a stream that broke after ``sent``.
 
@@ -44,8 +57,12 @@ def plan_recovery(
     limit); ``structured``: the request asks for a document in a schema, which a
     continuation cannot extend exactly (a server's grammar does not carry the prefix's
     state, a prompt-mode reply opens a new document); ``diverged``: the last leg was a
-    continuation that did not do as asked.
+    continuation that did not do as asked; ``resumable``: the leg's own generation goes
+    on upstream and can be read again from where it broke, which beats every other plan
+    (the unbroken answer itself, at no new generation's cost).
     """
+    if resumable:
+        return Plan.REATTACH
     if sent.completed_tool_calls:
         # The completed calls are a usable answer on their own; a continuation
         # could only add calls the client would then have to reconcile.

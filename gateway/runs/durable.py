@@ -316,6 +316,7 @@ class LocalRun:
         checkpoint is the new owner's; its clients get an error event that says how to
         resume, which finds the new owner."""
         self.lost = True
+        self.run.background.moved = True  # its upstream response is the new owner's to read
         self.log.abandon()  # the new owner serves what this one never released
         if not self.task.done():
             asyncio.get_running_loop().call_soon(self.task.cancel)  # as in stop()
@@ -376,6 +377,7 @@ class LocalRun:
             cause=None if run.last_cause is None else run.last_cause.value,
             updated=time.time(),
             acked=self._flushed_seq,  # what a tail may give out (RunState.released)
+            background=run.background_response(),
         )
         final = self.status != "running"
         return Flush(

@@ -371,6 +371,8 @@ class Resumes:
             leg=state.leg,
             splice_leg=state.splice_leg,
             in_flight=[call.name or "unnamed tool" for call in state.in_flight],
+            background=state.background,
+            events=checkpoint.events,
         )
         cause = Cause.DETACHED if state.status == "detached" else Cause.REPLICA_LOST
         logger.info(

@@ -6,7 +6,9 @@ The loop (ARCHITECTURE.md sections 3 and 4)::
                │ headers                     retry with backoff, then the next leg ◄┘
     relay:   chunks ──► Splicer ──► client bytes
                │ interruption (reset, stall, GOAWAY, in-band error, truncated end, too slow)
-    recover: plan from what the client has ──► SynthesizeToolUse / FinishAtBudget:
+    recover: plan from what the client has ──► Reattach: the leg's own background
+               │                                    response read again, same leg
+               │                             ──► SynthesizeToolUse / FinishAtBudget:
                │                                    finish, no upstream call
                │ WholeRestart / ContinueText / TruncateBeforeTool / VerifiedReplay
              backoff (~200 ms after a stall), open the continuation on this leg, or on
@@ -44,7 +46,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -63,10 +65,12 @@ from gateway.recovery.classify import (
     is_transient_error,
 )
 from gateway.recovery.events import Chunk, Done, InBandError, Malformed
-from gateway.recovery.plan import CONTINUED, Plan, plan_recovery
+from gateway.recovery.plan import CONTINUED, Plan, Position, plan_recovery
 from gateway.recovery.seam import SeamDiverged, SeamRule
 from gateway.recovery.throughput import ThroughputGuard
 from gateway.runs.attempts import Attempts, attempt_result
+from gateway.runs.background import REATTACHABLE, Background
+from gateway.runs.catchup import CatchUp, Emit, Restored
 from gateway.runs.strategies import Ask, Need, Strategy, strategy_for
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.connection import set_read_timeout, whole
@@ -80,11 +84,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("gateway.run")
 
 DRAIN_TIMEOUT = 0.05  # an upstream ends its body right after [DONE], or not at all
-
-# Where a run's client events go, one call per event (or batch of events): the durable
-# run's log, or nowhere for a non-streaming run. It may return an awaitable the relay
-# waits for before it reads on (back-pressure: a client far behind).
-Emit = Callable[[bytes], Awaitable[None] | None]
 
 
 def _discard(data: bytes) -> None:
@@ -156,6 +155,18 @@ class Run:
         self._seam: SeamRule | None = None  # what the open continuation repeats first
         self._awaiting_content = True  # no content sent yet: the next is the first token
         self._prefilled = False  # the open request ends with an assistant message
+        # Its background responses: asked, read again, cancelled (gateway/runs/background.py).
+        self.background = Background(
+            self.id,
+            upstreams,
+            metrics,
+            client_authorization,
+            client_asked=body.get("background") is True,
+        )
+        # A takeover's: the first leg's background response, and the client's events,
+        # to read it again from its start and check it against (``_read_again``).
+        self._restored_background: str | None = None
+        self._restored_events: list[bytes] = []
         # Called when an upstream stream broke, before recovery: a checkpoint is due.
         self.on_interrupted: Callable[[], None] | None = None
         self.trace: RunTrace | None = None  # its spans, when the gateway traces
@@ -180,9 +191,20 @@ class Run:
         return self.attempts.index
 
     def restore(
-        self, accumulator: RunAccumulator, *, leg: int, splice_leg: int, in_flight: list[str]
+        self,
+        accumulator: RunAccumulator,
+        *,
+        leg: int,
+        splice_leg: int,
+        in_flight: list[str],
+        background: str | None = None,
+        events: list[bytes] | None = None,
     ) -> None:
-        """Take over a run from a checkpoint: what the client was sent, and where it was."""
+        """Take over a run from a checkpoint: what the client was sent, and where it was.
+        ``background``: its first leg's upstream response, still generating when the
+        checkpoint was written, and ``events`` the client's: read again before any plan."""
+        if background is not None and splice_leg == 0 and events is not None:
+            self._restored_background, self._restored_events = background, events
         self.accumulator = accumulator
         self.splicer = self.adapter.splicer(accumulator, self._body)
         self._restored_legs = frozenset(accumulator.usage_by_leg) | frozenset(
@@ -197,6 +219,7 @@ class Run:
         """The body for ``leg`` under the current strategy; None if the leg cannot serve it."""
         body = self.adapter.upstream_body(self._body, leg.model)
         self.accumulator.origin = leg.upstream.kind
+        body = self.background.request(leg, self.adapter, body)
         ask: Ask | None = Ask(body)
         if self._strategy is not None:
             mode = self._upstreams.continuation_of(leg)
@@ -209,6 +232,12 @@ class Run:
         # A copy the size of the JSON: orjson's own buffer is 4 KB at least and is never
         # shrunk, and this one is kept (by the upstream request) as long as the run.
         return bytes(memoryview(orjson.dumps(body)))
+
+    def background_response(self) -> str | None:
+        """The first leg's upstream response, while it is a background one that can be
+        read again: what a checkpoint keeps for a takeover (``restore``)."""
+        position = self.splicer.resumable()
+        return None if position is None or self.splicer.leg else position.response
 
     def _budget_left(self) -> int | None:
         """Output tokens the client's request still allows (None: it set no limit)."""
@@ -270,6 +299,9 @@ class Run:
                 if self._refused_prefill(leg, exc):
                     # Not the leg's failure: the same leg again at once, in prompt mode.
                     attempts.count("prefill_refused")
+                    continue
+                if self.background.refused(leg, exc):
+                    attempts.count("background_refused")  # the same leg again, in the foreground
                     continue
                 await attempts.failed_open(exc, first=self._strategy is None)
             except UpstreamFailure as exc:
@@ -350,6 +382,7 @@ class Run:
             await _emitted(emit, self.splicer.fail(exc))
         except asyncio.CancelledError:
             self.outcome = self.outcome or "detached"
+            await self.background.abandon(self.leg, self.splicer)
             raise
         except Exception:
             self.outcome, error = "failed", "internal_error"
@@ -371,6 +404,7 @@ class Run:
         except asyncio.CancelledError:
             # Its client left (api/chat.py): the upstream response is closed below.
             self.outcome = self.outcome or "cancelled"
+            await self.background.abandon(self.leg, self.splicer)
             raise
         except BaseException as exc:
             self.outcome, error = self.outcome or "failed", _error_type(exc)
@@ -424,6 +458,11 @@ class Run:
     async def _run(self, emit: Emit, failure: StreamInterrupted | None = None) -> None:
         """Relay legs until the answer is complete; start by recovering from ``failure``."""
         self._awaiting_content = not self.accumulator.text_chars
+        catch_up, taken_over = None, failure
+        if failure is not None and self._restored_background is not None:
+            catch_up = await self._take_over_upstream(failure, emit)
+            if catch_up is not None:
+                emit, failure = catch_up, None
         while True:
             if failure is None:
                 try:
@@ -442,7 +481,21 @@ class Run:
                         self.trace.interrupted(interrupted.cause.value, interrupted.message, chars)
                     failure = interrupted
                     await self.aclose()
+            if catch_up is not None and not catch_up.caught_up:
+                # Read again, it broke off (or differed) before it had rendered all the
+                # client has: the client's view from its log, and the usual plans.
+                assert taken_over is not None
+                self.accumulator = catch_up.restored.accumulator
+                self.splicer = catch_up.restored.splicer
+                emit, failure = catch_up.restored.emit, taken_over
+                self.background.cancel_later(self.leg, catch_up.restored.response)
+                catch_up = None
             self.last_cause = failure.cause
+            position = self.background.where(self.splicer, failure.cause, fatal=failure.fatal)
+            if position is not None and await self._read_again(failure, position):
+                failure = None  # the same leg, read on from where it broke
+                continue
+            self.background.leave(self.leg, self.splicer, failure.cause)
             if not (self.splicer.finished and self.splicer.leg in self.accumulator.usage_by_leg):
                 # Broke before it reported its usage: estimated (a break after the answer's
                 # end and its usage, before the body's, costs nothing more).
@@ -488,6 +541,57 @@ class Run:
                 raise self._final(failure, exc) from None
             self.splicer.begin_leg(plan, self._seam)
             failure = None
+
+    async def _read_again(self, failure: StreamInterrupted, position: Position) -> bool:
+        """Read the open leg's background response again after ``position`` (``Reattach``;
+        -1: from its first event); whether it answered. No backoff: the generation did not
+        fail, its connection did."""
+        plan = plan_recovery(self.splicer.snapshot(), resumable=True)
+        if self.on_interrupted is not None:
+            self.on_interrupted()
+        self._log_recovery(failure, plan)
+        leg, trace = self.leg, self.trace
+        previous, self._strategy = self._strategy, strategy_for(plan)
+        headers = None if trace is None else self._trace_attempt(trace, leg)
+        try:
+            self._response = await self._upstreams.reattach(
+                leg, position, self._client_authorization, self.idle_timeout(leg), headers
+            )
+        except (UpstreamHTTPError, UpstreamFailure) as exc:
+            self._strategy = previous
+            status = exc.status_code if isinstance(exc, UpstreamHTTPError) else None
+            if trace is not None:
+                trace.attempt_failed(attempt_result(exc), status, str(exc))
+            self._metrics.recoveries.labels(plan.value, "failed").inc()
+            logger.info(
+                "reattach failed; the usual plans follow",
+                extra={"run_id": self.id, "upstream": leg.upstream.name, "status": status},
+            )
+            self.background.ended(position, status)
+            return False
+        if trace is not None:
+            trace.attempt_answered(self._response.status_code)
+        loop = asyncio.get_running_loop()
+        self._first_event_deadline = loop.time() + leg.timeouts.first_byte
+        self._plans.append(plan)
+        self.recoveries += 1
+        return True
+
+    async def _take_over_upstream(self, failure: StreamInterrupted, emit: Emit) -> CatchUp | None:
+        """A takeover of a run whose first leg is a background response: read it again
+        from its first event into a new splicer, with ``CatchUp`` as the emit that checks
+        what the client has and sends only the rest (gateway/runs/catchup.py); None if
+        the upstream cannot (then the usual takeover plans)."""
+        response, self._restored_background = self._restored_background, None
+        events, self._restored_events = self._restored_events, []
+        if response is None or failure.cause not in REATTACHABLE:
+            return None
+        if not await self._read_again(failure, Position(response, -1)):
+            return None
+        restored = Restored(self.accumulator, self.splicer, emit, response)
+        self.accumulator = self.adapter.new_accumulator()
+        self.splicer = self.adapter.splicer(self.accumulator, self._body)
+        return CatchUp(events, restored)
 
     def _final(self, failure: StreamInterrupted, later: Exception | None = None) -> GatewayError:
         """The error that ends the client stream: the original failure, naming dropped tools."""

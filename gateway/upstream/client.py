@@ -13,12 +13,14 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 import httpx2
 
 from gateway.config.schema import Continuation, Limits, Upstream
 from gateway.errors import UpstreamFailure, UpstreamTimeout
 from gateway.recovery.classify import Cause, classify_transport_error
+from gateway.recovery.plan import Position
 from gateway.upstream.breaker import CircuitBreakers, OnChange
 from gateway.upstream.continuation import learned_continuation
 from gateway.upstream.headers import (
@@ -41,6 +43,7 @@ PREFILL_MODES = frozenset({"prefill", "vllm", "prefix", "prefix_echo"})
 REDACTED = b"[redacted]"
 logger = logging.getLogger("gateway.upstream")
 MAX_ERROR_BYTES = 1024 * 1024  # an upstream's error body is relayed up to this size
+CANCEL_TIMEOUT = 5.0  # the longest a cancel of a background response is waited for
 
 
 def _secrets_of(upstreams: Iterable[Upstream]) -> tuple[bytes, ...]:
@@ -116,6 +119,9 @@ class UpstreamClient:
         self._no_prefill: set[tuple[str, str]] = set()
         # (upstream, model) of ``auto`` upstreams: the mode learned from the server.
         self._learned: dict[tuple[str, str], Continuation] = {}
+        # (upstream, model) pairs that refused a background response (a 4xx naming it):
+        # asked in the foreground from then on (``runs_background``).
+        self._no_background: set[tuple[str, str]] = set()
         self._roots = {u.name: httpx2.URL(u.api_root) for u in upstreams}
         self._anthropic_versions = {
             u.name: u.anthropic_version for u in upstreams if u.kind == "anthropic"
@@ -290,6 +296,17 @@ class UpstreamClient:
             return "prompt", "GET /models failed"
         return learned_continuation(body, leg.model)
 
+    def runs_background(self, leg: ResolvedLeg) -> bool:
+        """Whether ``leg``'s stored Responses requests go as background responses: its
+        upstream's ``background`` setting, unless its model refused one."""
+        upstream = leg.upstream
+        return upstream.runs_background and (upstream.name, leg.model) not in self._no_background
+
+    def refuses_background(self, leg: ResolvedLeg) -> None:
+        """Remember that ``leg``'s upstream refuses a background response for its model
+        (an organisation under zero data retention, a server that does not know it)."""
+        self._no_background.add((leg.upstream.name, leg.model))
+
     def refuses_prefill(self, leg: ResolvedLeg) -> None:
         """Remember that ``leg``'s model answers a trailing assistant message with a 4xx."""
         self._no_prefill.add((leg.upstream.name, leg.model))
@@ -338,6 +355,8 @@ class UpstreamClient:
         idle_timeout: float,
         path: str = "/chat/completions",
         trace_headers: Mapping[str, str] | None = None,
+        *,
+        method: str = "POST",
     ) -> httpx2.Response:
         """POST a streaming request (a chat completion, a response…) and wait for its headers.
 
@@ -345,6 +364,7 @@ class UpstreamClient:
         ``UpstreamHTTPError`` with the body read; transport failures raise 502/504.
         ``trace_headers``: the ``traceparent`` (and ``tracestate``) of the gateway's
         span for this request, in place of the client's (gateway/tracing.py).
+        ``method``: GET for a stream read again (``reattach``), with no body.
         """
         upstream = leg.upstream
         provider = self._providers[upstream.name]
@@ -352,13 +372,16 @@ class UpstreamClient:
         if trace_headers:  # the gateway's span's context, whole: no client tracestate left
             headers.pop("tracestate", None)
             headers.update(trace_headers)
-        headers["content-type"] = "application/json"
+        if body:
+            headers["content-type"] = "application/json"
         headers["accept"] = provider.accept
         # Compression would make proxies and the decoder buffer small SSE frames.
         headers["accept-encoding"] = "identity"
-        method = path
+        asked = path
         path = provider.target(path, leg.model)
-        url, target = self._stream_target(upstream.name, path, memo=not provider.model_in_path)
+        url, target = self._stream_target(
+            upstream.name, path, memo=not provider.model_in_path, method=method
+        )
         try:  # a credential lookup is part of the wait for the first byte
             async with asyncio.timeout(leg.timeouts.first_byte):
                 await provider.authorize(url, headers, body)
@@ -370,7 +393,7 @@ class UpstreamClient:
         with map_open_errors(leg):
             response = await self._send(
                 upstream.name,
-                "POST",
+                method,
                 url,
                 headers,
                 body,
@@ -380,27 +403,79 @@ class UpstreamClient:
             )
             if response.status_code >= 400:
                 status, headers_out, content = await self.read_error(response)
-                content = provider.error(status, headers_out, content, method)
+                content = provider.error(status, headers_out, content, asked)
                 raise UpstreamHTTPError(status, headers_out, content)
         if self._view and self.answer_metadata is None:
             self.answer_metadata = answer_metadata(response.headers.multi_items())
         return response
 
     def _stream_target(
-        self, upstream: str, path: str, *, memo: bool = True
+        self, upstream: str, path: str, *, memo: bool = True, method: str = "POST"
     ) -> tuple[httpx2.URL, Target | None]:
         """The URL of an API path on ``upstream``, and the builtin engine's target for a
         POST to it: both worked out once per path (not per query, nor per model in the
         path: clients choose those, so a memo of them would grow without bound)."""
-        known = self._stream_targets.get((upstream, path))
+        memo = memo and method == "POST" and "?" not in path
+        known = self._stream_targets.get((upstream, path)) if memo else None
         if known is None:
             url = upstream_url(self._roots[upstream], path)
             transport = self._transports[upstream]
-            target = transport.target("POST", url) if type(transport) is Http1Transport else None
+            target = transport.target(method, url) if type(transport) is Http1Transport else None
             known = (url, target)
-            if memo and "?" not in path:
+            if memo:
                 self._stream_targets[upstream, path] = known
         return known
+
+    async def reattach(
+        self,
+        leg: ResolvedLeg,
+        position: Position,
+        client_authorization: str | None,
+        idle_timeout: float,
+        trace_headers: Mapping[str, str] | None = None,
+    ) -> httpx2.Response:
+        """Stream ``leg``'s background response again, from the event after
+        ``position.after`` (``GET /responses/{id}?stream=true&starting_after=N``; -1: from
+        its first); as ``open_stream`` otherwise."""
+        path = f"/responses/{quote(position.response, safe='')}?stream=true"
+        if position.after >= 0:  # else from its first event
+            path += f"&starting_after={position.after}"
+        return await self.open_stream(
+            leg, b"", client_authorization, idle_timeout, path, trace_headers, method="GET"
+        )
+
+    async def cancel_response(
+        self, leg: ResolvedLeg, response_id: str, client_authorization: str | None
+    ) -> int | None:
+        """Cancel ``leg``'s background response ``response_id`` (``POST
+        /responses/{id}/cancel``), within ``CANCEL_TIMEOUT`` (or the leg's first-byte
+        timeout, if shorter): its status, or None if it could not be asked."""
+        upstream = leg.upstream
+        provider = self._providers[upstream.name]
+        headers = self.request_headers(upstream, self._client_headers, client_authorization)
+        headers["accept-encoding"] = "identity"
+        path = provider.target(f"/responses/{quote(response_id, safe='')}/cancel", leg.model)
+        url = upstream_url(self._roots[upstream.name], path)
+        try:
+            async with asyncio.timeout(min(leg.timeouts.first_byte, CANCEL_TIMEOUT)):
+                await provider.authorize(url, headers, b"")
+                response = await self._send(
+                    upstream.name,
+                    "POST",
+                    url,
+                    headers,
+                    b"",
+                    self.timeout(leg, leg.timeouts.idle),
+                    leg.timeouts.first_byte,
+                )
+                try:
+                    async for _ in response.aiter_raw():
+                        pass
+                finally:
+                    await response.aclose()
+        except (TimeoutError, httpx2.HTTPError, OSError):
+            return None
+        return response.status_code
 
     async def forward(
         self,

@@ -184,8 +184,8 @@ class Azure(Provider):
         path, _, query = path.partition("?")
         query = "&".join(q for q in query.split("&") if q and not q.startswith("api-version="))
         query = f"api-version={quote(version)}" + (f"&{query}" if query else "")
-        if path == "/responses":
-            return f"/openai/responses?{query}"
+        if path == "/responses" or path.startswith("/responses/"):  # a response's own too
+            return f"/openai{path}?{query}"
         return f"/openai/deployments/{quote(model, safe='')}{path}?{query}"
 
 

@@ -227,9 +227,15 @@ def test_an_azure_leg_recovers_chat_and_responses(
             response = events.get_final_response()
     assert said == expected_answer(chat_model).text
     assert response.output_text == expected_answer(responses_model).text
+    # Responses on Azure is a background response (the default there): a cut connection
+    # is read again (no second generation); a response that failed is continued.
+    responses_requests = chaos.requests_for(responses_model)
+    assert len(responses_requests) == (2 if fault == "error" else 1)
+    assert all(r.body["background"] is True for r in responses_requests)
+    assert len(chaos.requests_for(chat_model)) == 2
     for model in (chat_model, responses_model):
         requests = chaos.requests_for(model)
-        assert len(requests) == 2 and {r.dialect for r in requests} == {"azure"}
+        assert {r.dialect for r in requests} == {"azure"}
         assert all(r.headers["api-key"] == AZURE_KEY for r in requests)
         assert all("authorization" not in r.headers for r in requests)
 

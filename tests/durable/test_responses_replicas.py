@@ -8,6 +8,8 @@ continues the upstream. The events before and after must read as one stream.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +22,7 @@ from tests.durable.two_replicas import (
     CREDENTIAL,
     state,
 )
-from tests.processes import DEADLINE, Replicas, wait_until
+from tests.processes import DEADLINE, Replicas, replica_config, wait_until
 from tests.redis_server import RedisServer
 
 
@@ -73,3 +75,57 @@ def test_another_credential_gets_a_404_on_another_replica(
         with pytest.raises(Exception) as raised:
             list(client.responses.retrieve(response_id, stream=True, starting_after=3))
     assert getattr(raised.value, "status_code", None) == 404
+
+
+@pytest.fixture
+def background_replicas(
+    chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Replicas]:
+    """Replicas whose Responses legs are background responses (``background: true``)."""
+    path = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
+    path.write_text(path.read_text().replace("background: false", "background: true"))
+    chaos.requests.clear()
+    with Replicas(path, tmp_path) as running:
+        yield running
+
+
+@pytest.mark.parametrize("tools", [0, 1], ids=["text", "a-function-call"])
+def test_a_killed_replicas_background_response_is_read_again_by_the_next(
+    background_replicas: Replicas, chaos: ChaosUpstream, redis_server: RedisServer, tools: int
+) -> None:
+    """The takeover reads the upstream's response again from its start (no new
+    generation), checks that it renders what the client has, and sends only the rest:
+    one generation, the unbroken answer."""
+    model = f"chaos:text=80,reasoning=3,tools={tools},seed=43,pace_ms=25"
+    a, b = background_replicas.start("A", "B")
+    first: list[Any] = []
+    store = redis.Redis.from_url(redis_server.url)
+    try:
+        with OpenAI(base_url=a.base_url, api_key=CREDENTIAL, max_retries=0) as client:
+            raw = client.responses.with_raw_response.create(model=model, input="x", stream=True)
+            run_id = raw.headers["x-run-id"]
+            stream = raw.parse()
+            for event in stream:
+                first.append(event)
+                if len(first) == 12:
+                    break
+            wait_until(lambda: state(store, run_id)["seq"] >= len(first) + 6, "A checkpoints")
+            assert state(store, run_id)["background"] is not None
+            a.freeze()
+            a.kill()
+            stream.close()
+    finally:
+        store.close()
+    response_id = first[0].response.id
+    with OpenAI(base_url=b.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE) as client:
+        last = first[-1].sequence_number
+        rest = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
+    streamed = Streamed(events=first + rest)
+    check_contract(streamed)
+    assert streamed.text() == expected_answer(model).text
+    assert streamed.events[-1].type == "response.completed"
+    assert b.resumed("takeover") == 1
+    assert [r.method for r in chaos.requests_for(model) if r.method == "POST"] == ["POST"]
+    assert chaos.backgrounds.status(response_id) == "completed"
+    plans = {s.labels["plan"]: s.value for s in b.samples("gateway_recoveries_total")}
+    assert plans == {"reattach": 1.0}

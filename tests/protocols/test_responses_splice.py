@@ -802,3 +802,91 @@ def test_a_llamacpp_continuation_with_nothing_to_add_closes_the_clients_message(
     assert streamed_text(sent) == LLAMACPP_SENT
     assert said_texts(sent) == [LLAMACPP_SENT] * 4
     assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+
+
+def background_created(leg: Leg) -> list[Chunk]:
+    """How a background response starts: queued, then in progress (OpenAI's order)."""
+    response = {"id": leg.id, "object": "response", "created_at": 1, "model": "m",
+                "status": "queued", "background": True, "store": True, "output": []}  # fmt: skip
+    return [
+        leg.event("response.created", response=response),
+        leg.event("response.queued", response=response),
+        leg.event("response.in_progress", response=response | {"status": "in_progress"}),
+    ]
+
+
+def test_a_background_response_the_gateway_asked_for_is_shown_as_the_one_asked() -> None:
+    splicer, leg = new(), Leg("resp_bg")
+    chunks = background_created(leg) + leg.message(0, "msg_a", "Hello", " world")
+    chunks += leg.message_done(0, "msg_a", "Hello world") + [leg.completed(2)]
+    sent = events(feed(splicer, chunks))
+    assert [e["type"] for e in sent][:2] == ["response.created", "response.in_progress"]
+    assert [e["sequence_number"] for e in sent] == list(range(len(chunks) - 1))
+    for event in sent:
+        if "response" in event:  # never queued, never background: as the client asked
+            assert event["response"]["background"] is False
+            assert event["response"]["status"] != "queued"
+    assert sent[-1]["response"]["id"] == "resp_bg"
+
+
+def test_background_events_one_behind_go_out_as_received_with_their_number_changed() -> None:
+    splicer, leg = new(), Leg("resp_bg")
+    feed(splicer, background_created(leg))
+    chunk = leg.message(0, "msg_a", "Hi")[0]
+    out = splicer.feed(chunk)
+    assert chunk.obj["sequence_number"] == 3
+    data = chunk.data.replace(b'"sequence_number":3', b'"sequence_number":2')
+    assert out == frame("response.output_item.added", data)  # not re-encoded
+
+
+def test_a_background_response_is_resumable_from_its_last_event_until_it_ends() -> None:
+    splicer, leg = new(), Leg("resp_bg")
+    assert splicer.resumable() is None
+    feed(splicer, background_created(leg) + leg.message(0, "msg_a", "Hel"))
+    position = splicer.resumable()
+    assert position is not None
+    assert (position.response, position.after) == ("resp_bg", leg.seq - 1)
+    # Read again after that event: the rest goes on in the same message, no seam.
+    rest = Leg("resp_bg")
+    rest.seq = leg.seq
+    at = {"item_id": "msg_a", "output_index": 0, "content_index": 0}
+    out = feed(splicer, [rest.event("response.output_text.delta", delta="lo", logprobs=[], **at)])
+    assert [e["delta"] for e in events(out)] == ["lo"]
+    feed(splicer, rest.message_done(0, "msg_a", "Hello") + [rest.completed(2)])
+    assert splicer.resumable() is None  # ended: nothing to read again
+    assert splicer.sent.text == "Hello"
+
+
+def test_a_foreground_response_or_a_new_leg_is_not_resumable() -> None:
+    splicer, leg = new(), Leg("resp_fg")
+    feed(splicer, leg.created() + leg.message(0, "msg_a", "Hi"))
+    assert splicer.resumable() is None
+    splicer, leg = new(), Leg("resp_bg")
+    feed(splicer, background_created(leg) + leg.message(0, "msg_a", "Hi"))
+    splicer.end_leg()
+    splicer.begin_leg(Plan.CONTINUE_TEXT)
+    assert splicer.resumable() is None  # the broken leg's response is not the new one's
+
+
+def test_a_client_that_asked_for_background_sees_it_as_it_is() -> None:
+    splicer = RESPONSES.splicer(ResponsesAccumulator(), {"model": "m", "background": True})
+    leg = Leg("resp_bg")
+    sent = events(feed(splicer, background_created(leg)))
+    assert [e["type"] for e in sent] == [
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+    ]
+    assert sent[0]["response"]["background"] is True
+    assert sent[0]["response"]["status"] == "queued"
+
+
+def test_only_a_stored_request_is_asked_in_the_background() -> None:
+    body = {"model": "m", "input": "hi", "stream": True}
+    assert RESPONSES.in_background(body) == body | {"background": True}
+    assert RESPONSES.in_background(body | {"store": False}) is None
+    assert RESPONSES.in_background(body | {"store": True}) == body | {
+        "store": True,
+        "background": True,
+    }
+    assert plan_recovery(new().snapshot(), resumable=True) is Plan.REATTACH

@@ -19,9 +19,10 @@ exactly, or, for a verified seam, never shown when it does not follow (``SeamDiv
     replay.py        VerifiedReplay: the request again, kept once it repeated all that
                      was sent (structured output; a continuation that did not follow)
     endings.py       SynthesizeToolUse, FinishAtBudget: the answer ends here
+    reattach.py      Reattach: the leg's own background response read again from where it
+                     broke (``same_leg``: no new leg, no seam)
 
-A new strategy (issue 47's re-attach to the provider's own generation) is a ``Plan`` and
-a module here.
+A new strategy is a ``Plan`` and a module here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gateway.recovery.plan import Plan
 from gateway.runs.strategies.base import Ask, Need, Strategy
 from gateway.runs.strategies.continuation import ContinueText, TruncateBeforeTool
 from gateway.runs.strategies.endings import FinishAtBudget, SynthesizeToolUse
+from gateway.runs.strategies.reattach import Reattach
 from gateway.runs.strategies.replay import VerifiedReplay
 from gateway.runs.strategies.restart import WholeRestart
 
@@ -44,6 +46,7 @@ _STRATEGIES: dict[Plan, Strategy] = {
         VerifiedReplay(),
         SynthesizeToolUse(),
         FinishAtBudget(),
+        Reattach(),
     )
 }
 
