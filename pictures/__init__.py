@@ -6,8 +6,10 @@
 
 Each writes SVG into ``docs/pictures/``, committed with the pages that show them:
 
-- ``demo`` (``pictures.demo``): three scenes of ``resumable-gateway demo``, run here
-  as the command runs them and drawn as the terminal shows them (``pictures.terminal``);
+- ``demo`` (``pictures.demo``): scenes of ``resumable-gateway demo``, run here as the
+  command runs them and drawn as the terminal shows them (``pictures.terminal``): its
+  real-model scene (``demo-real-model.svg``, the front page; it needs the real model,
+  ``scripts/install`` puts it in ``.venv/models``) and three chaos scenes (``demo.svg``);
 - ``dashboard`` (``pictures.dashboard``): the panels of
   ``deploy/grafana/dashboards/resumable-gateway.json``, each query evaluated
   (``pictures.promql``) over scrapes of a real gateway's ``/metrics`` while faulted

@@ -9,6 +9,7 @@ from xml.sax.saxutils import escape
 from gateway.demo.report import columns  # as the demo counts them: wide characters take two
 
 _SGR = re.compile(r"\033\[([0-9;]*)m")
+_SEGMENT = re.compile(r"\S+(?: \S+)*")  # words with single spaces between them
 
 # What the demo's report uses (gateway.demo.report.Style), on a dark background.
 BACKGROUND = "#1e1f29"
@@ -74,6 +75,20 @@ def styled_runs(line: str, style: Style | None = None) -> tuple[list[Run], Style
     return runs, style
 
 
+def segments(run: Run) -> list[tuple[int, str]]:
+    """A run's words, split where two or more spaces come and stripped of the spaces at
+    their ends, each with its column: what a ``<text>`` draws the same in every browser.
+
+    SVG text collapses runs of white space and drops it at the ends (Chromium ignores
+    ``xml:space``; ``white-space: pre`` is not everywhere either), and ``textLength``
+    stretched over spaces that are not drawn spreads the letters that are (``m o d e l``).
+    Positioned by column, a segment needs no space drawn but its single inner ones."""
+    return [
+        (run.column + columns(run.text[: match.start()]), match[0])
+        for match in _SEGMENT.finditer(run.text)
+    ]
+
+
 def terminal_svg(output: str, title: str, width_columns: int) -> str:
     """``output`` (lines with ANSI codes) in a terminal window ``width_columns`` wide."""
     lines = output.rstrip("\n").split("\n")
@@ -93,23 +108,20 @@ def terminal_svg(output: str, title: str, width_columns: int) -> str:
         f'<text x="{width / 2}" y="19" fill="{DIM}" font-family="{FONT}" font-size="12" '
         f'text-anchor="middle">{escape(title)}</text>'
     )
-    parts.append(
-        f'<g font-family="{FONT}" font-size="{FONT_SIZE}" fill="{FOREGROUND}" xml:space="preserve">'
-    )
+    parts.append(f'<g font-family="{FONT}" font-size="{FONT_SIZE}" fill="{FOREGROUND}">')
     style = Style()
     for number, line in enumerate(lines):
         y = TITLE_BAR + PAD + (number + 1) * LINE - 5
         runs, style = styled_runs(line, style)
         for run in runs:
-            if not run.text.strip():
-                continue
-            attributes = [f'x="{PAD + run.column * CELL:.1f}"', f'y="{y}"']
-            if run.colour or run.dim:
-                attributes.append(f'fill="{run.colour or DIM}"')
-            if run.bold:
-                attributes.append('font-weight="bold"')
-            # textLength keeps a run on its columns whatever the font's real advance.
-            attributes.append(f'textLength="{columns(run.text) * CELL:.1f}"')
-            parts.append(f"<text {' '.join(attributes)}>{escape(run.text)}</text>")
+            for column, text in segments(run):
+                attributes = [f'x="{PAD + column * CELL:.1f}"', f'y="{y}"']
+                if run.colour or run.dim:
+                    attributes.append(f'fill="{run.colour or DIM}"')
+                if run.bold:
+                    attributes.append('font-weight="bold"')
+                # textLength keeps a segment on its columns whatever the font's advance.
+                attributes.append(f'textLength="{columns(text) * CELL:.1f}"')
+                parts.append(f"<text {' '.join(attributes)}>{escape(text)}</text>")
     parts.append("</g></svg>")
     return "\n".join(parts) + "\n"

@@ -29,6 +29,7 @@ from gateway.demo import (
     run_demo,
     surfaced_cleanly,
 )
+from gateway.demo.realmodel import cut_point, problems_of
 from gateway.demo.scenes import BEDROCK_SCENE
 
 CLI = str(Path(sys.executable).with_name("resumable-gateway"))
@@ -64,10 +65,17 @@ GEMINI_SPEC = "chaos:text=32,reasoning=8,tools=1,seed=10,fault=error,at=20,times
 TOOLS_SPEC = "chaos:text=8,tools=2,arg_deltas=6,seed=4"
 
 
+REAL_MODEL = "real model"  # the first scene's key in sections()
+
+
 def sections(output: str) -> dict[str, str]:
-    """The report of each scenario, by its chaos spec (the model line, without pacing)."""
+    """The report of each scenario, by its chaos spec (the model line, without pacing);
+    the real-model scene's by REAL_MODEL."""
     found = {}
     for block in re.split(r"^(?=\d+/\d+  )", output, flags=re.MULTILINE)[1:]:
+        if re.match(r"\d+/\d+  A real model: ", block):
+            found[REAL_MODEL] = block
+            continue
         model = re.search(r"^ +model +(\S+)$", block, flags=re.MULTILINE)
         assert model is not None, block
         found[re.sub(r",pace_ms=\d+", "", model.group(1))] = block
@@ -81,8 +89,22 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
+    assert "skipped" not in result.stdout  # a dev install (scripts/test's) has all it needs
     reports = sections(result.stdout)
-    assert set(reports) == set(EXPECTED) == {s.spec for s in SCENARIOS}
+    assert list(reports)[0] == REAL_MODEL and re.match(r"1/11  ", reports[REAL_MODEL])
+    assert set(reports) - {REAL_MODEL} == set(EXPECTED) == {s.spec for s in SCENARIOS}
+
+    # The real model: its answer cut mid-sentence, server A killed, finished on server B.
+    real = reports[REAL_MODEL]
+    flat = " ".join(real.split())
+    assert re.search(r"killed server A, with SIGKILL, after \d+ of the answer's \d+ events", flat)
+    assert "broke protocol: upstream 'a' broke the HTTP stream mid-way" in flat, real
+    assert "rescued continue_text: " in flat, real
+    assert "found nobody listening (connect_error); then server B: 1 answered" in flat, real
+    assert re.search(r"^ +seam +…\S", real, flags=re.MULTILINE), real
+    check = "identical to the unbroken answer, byte for byte, with the same finish_reason: yes"
+    assert f"check {check}" in flat, real
+    assert "The sky is blue because" in real  # a readable answer, not the chaos upstream's
     for spec, (cause, plan) in EXPECTED.items():
         report = reports[spec]
         upstream = {MESSAGES_SPEC: "chaos-anthropic", BEDROCK_SCENE: "chaos-anthropic"}.get(
@@ -153,7 +175,7 @@ def test_the_demo_breaks_and_rescues_every_scenario() -> None:
         "one finishReason: yes"
     )
     assert f"check {check}" in flat, gemini
-    assert "9 streams broke, 9 rescued" in result.stdout
+    assert "10 streams broke, 10 rescued (a real model's among them)" in result.stdout
     assert "OPENAI_BASE_URL=http://127.0.0.1:8080/v1" in result.stdout
 
 
@@ -249,7 +271,7 @@ def test_the_responses_scene_is_skipped_without_the_openai_package(
     monkeypatch.setitem(sys.modules, "openai", None)  # import openai raises ImportError
     (scene,) = [s for s in SCENARIOS if s.api == RESPONSES]
     out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
     report = out.getvalue()
     assert "skipped   the openai package is not installed" in report
     assert "streams broke" not in report and "1 skipped: the openai package" in report
@@ -312,7 +334,7 @@ def test_the_messages_scene_is_skipped_without_the_anthropic_package(
     monkeypatch.setitem(sys.modules, "anthropic", None)  # import anthropic raises ImportError
     (scene,) = [s for s in SCENARIOS if s.api == MESSAGES and not s.needs]
     out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
     report = out.getvalue()
     assert "skipped   the anthropic package is not installed" in report
     assert "streams broke" not in report and "1 skipped: the anthropic package" in report
@@ -322,10 +344,10 @@ def test_the_bedrock_scene_is_skipped_without_botocore(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "botocore", None)  # import botocore raises ImportError
     (scene,) = [s for s in SCENARIOS if s.needs == "botocore"]
     out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
     report = out.getvalue()
-    assert "skipped   botocore is not installed" in report
-    assert "streams broke" not in report
+    assert "skipped   the botocore package is not installed" in report
+    assert "streams broke" not in report and "1 skipped: the botocore package" in report
 
 
 def gemini_received(expected: Answer, **changes: object) -> Received:
@@ -392,10 +414,11 @@ def test_the_gemini_scene_is_skipped_without_the_google_genai_package(
     monkeypatch.setitem(sys.modules, "google.genai", None)  # import google.genai raises
     (scene,) = [s for s in SCENARIOS if s.api == GEMINI]
     out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(scene,)) == 0
+    assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
     report = out.getvalue()
-    assert "skipped   the google-genai package is not installed (pip install google-genai)" in (
-        report
+    assert (
+        "skipped   the google-genai package is not installed (scripts/install --demo, or pip "
+        "install google-genai)" in " ".join(report.split("\n               "))
     )
     assert "streams broke" not in report and "1 skipped: the google-genai package" in report
 
@@ -404,7 +427,49 @@ def test_a_stream_that_cannot_be_rescued_fails_the_demo() -> None:
     # No times=: every attempt resets, so the retry budget runs out and the answer is lost.
     hopeless = Scenario("Every attempt resets", "chaos:text=10,fault=reset,at=3")
     out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(hopeless,)) == 1
+    assert run_demo(quick=True, out=out, scenarios=(hopeless,), real_model=False) == 1
     report = out.getvalue()
     assert "identical to an unbroken answer: no" in report
     assert "1 of 1 scenarios failed" in report
+
+
+def test_the_real_model_scene_is_skipped_saying_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("REALMODEL_GGUF", str(tmp_path / "absent.gguf"))
+    out = io.StringIO()
+    assert run_demo(quick=True, out=out, scenarios=()) == 0
+    report = " ".join(out.getvalue().split())
+    assert "1/1 A real model: SmolLM2-135M-Instruct" in report
+    assert f"skipped SmolLM2-135M's GGUF is not in {tmp_path}" in report
+    assert "(scripts/install --demo)" in report and "1 skipped: " in report
+    assert "streams broke" not in report
+
+
+def test_the_cut_falls_mid_sentence_from_the_middle_of_the_answer() -> None:
+    deltas = ("", "One", " two", " three", ".", " Four", " five", ".", " Six", ".", "")
+    cut = cut_point(deltas)
+    assert cut == 6  # the middle (event 5) ends a sentence: the next event, after a word
+    assert "".join(deltas[:cut]) == "One two three. Four"
+    # A text of finished sentences only: the middle, as the probe would cut it.
+    assert cut_point(("", "A.", " B.", " C.", "")) == 2
+
+
+def test_the_real_model_check_bites() -> None:
+    text = "The sky is blue because of Rayleigh scattering."
+
+    def received(**changes: object) -> Received:
+        whole = Received(text=text, finish_reasons=["stop"], done=True)
+        return dataclasses.replace(whole, **changes)  # type: ignore[arg-type]
+
+    assert problems_of(text, "stop", received(), exact=True) == []
+    for changes in (
+        {"text": text[:-1]},
+        {"text": text + " Again."},
+        {"finish_reasons": ["length"]},
+        {"finish_reasons": ["stop", "stop"]},
+        {"done": False},
+        {"error": {"message": "lost", "code": "upstream_interrupted"}},
+    ):
+        assert problems_of(text, "stop", received(**changes), exact=True), changes
+    assert problems_of(text, "stop", received(), exact=False)  # the probe's comparison says so

@@ -12,10 +12,11 @@ from pathlib import Path
 import promql_parser
 import pytest
 
+from gateway.demo.report import columns
 from pictures.dashboard import DASHBOARD, panel_query
 from pictures.panels import Series, dashboard_svg, formatted
 from pictures.promql import Evaluator, Scrape, Unsupported, histogram_quantile
-from pictures.terminal import Style, styled_runs, terminal_svg
+from pictures.terminal import FONT_SIZE, PAD, Style, styled_runs, terminal_svg
 
 ROOT = Path(__file__).resolve().parent.parent
 PICTURES = ROOT / "docs" / "pictures"
@@ -112,6 +113,55 @@ def test_terminal_colours_and_wide_characters_keep_their_columns() -> None:
     ElementTree.fromstring(terminal_svg("\033[1mbold\033[0m & <plain>\n", "t", 40))
 
 
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def texts(svg: str) -> list[tuple[float, str, float]]:
+    """(x, text, textLength) of every line of terminal text in a picture."""
+    root = ElementTree.fromstring(svg)
+    return [
+        (float(t.attrib["x"]), t.text or "", float(t.attrib["textLength"]))
+        for t in root.iter(SVG + "text")
+        if "textLength" in t.attrib
+    ]
+
+
+def test_a_stretched_text_covers_only_what_browsers_draw() -> None:
+    # A label padded to its column, an indent, a run of spaces inside a line: SVG text
+    # drops the spaces at its ends and collapses runs (Chromium whatever xml:space says),
+    # so textLength over them spread the letters ("m o d e l", issue 48).
+    output = "\033[2mmodel     \033[0msmollm2  (greedy)\n               answer\n"
+    svg = terminal_svg(output, "t", 40)
+    cell = FONT_SIZE * 0.6
+    drawn = [(round((x - PAD) / cell), text, length) for x, text, length in texts(svg)]
+    assert [(column, text) for column, text, _ in drawn] == [
+        (0, "model"),
+        (10, "smollm2"),
+        (19, "(greedy)"),
+        (15, "answer"),
+    ]
+    for _, text, length in drawn:
+        assert length == pytest.approx(len(text) * cell)
+
+
+@pytest.mark.parametrize("name", ["demo.svg", "demo-real-model.svg"])
+def test_the_committed_terminal_pictures_stretch_no_text_over_spaces(name: str) -> None:
+    for _, text, length in texts((PICTURES / name).read_text(encoding="utf-8")):
+        assert text == text.strip() and "  " not in text, repr(text)
+        assert length == pytest.approx(columns(text) * FONT_SIZE * 0.6), repr(text)
+
+
+def test_the_front_page_shows_a_real_model_answer_surviving_a_killed_server() -> None:
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert "](pictures/demo-real-model.svg)" in index
+    shown = " ".join(text for _, text, _ in texts((PICTURES / "demo-real-model.svg").read_text()))
+    assert "A real model: SmolLM2-135M-Instruct" in shown
+    assert "server A, with SIGKILL, after" in shown and "mid-sentence" in shown
+    assert "The sky is blue because" in shown  # the model's words, not the chaos upstream's
+    assert "then server B: 1 answered" in shown
+    assert "identical to the unbroken answer, byte for byte" in shown and shown.endswith("yes")
+
+
 def test_a_dashboard_draws_as_valid_svg() -> None:
     board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     some = [Series("a & b", [(0.0, 1.0), (1.0, math.nan), (2.0, 3.0)])]
@@ -119,7 +169,7 @@ def test_a_dashboard_draws_as_valid_svg() -> None:
     ElementTree.fromstring(dashboard_svg(board, series, "caption <x>", (0.5, 1.5)))
 
 
-@pytest.mark.parametrize("name", ["demo.svg", "demo-reset.svg", "dashboard.svg"])
+@pytest.mark.parametrize("name", ["demo.svg", "demo-real-model.svg", "dashboard.svg"])
 def test_the_committed_pictures_are_svg_the_pages_show(name: str) -> None:
     root = ElementTree.parse(PICTURES / name).getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"

@@ -73,17 +73,35 @@ def _prefix(request: RecordedRequest, text: str) -> str:
 def rescue_of(
     before: Tally, after: Tally, requests: list[RecordedRequest], answer: Answer
 ) -> Rescue:
+    prefixes = [len(_prefix(r, answer.text)) for r in requests if isinstance(r.body, dict)]
+    return rescue_between(before, after, len(requests), prefixes[1:])
+
+
+def rescue_between(before: Tally, after: Tally, requests: int, resumed_at: list[int]) -> Rescue:
+    """What the metrics say broke and was done between two tallies, the requests and
+    their prefixes told by the caller (who saw them)."""
+
     def listed(name: str) -> list[tuple[str, str]]:
         return [(k[0], k[1]) for k, n in _increase(before, after, name).items() for _ in range(n)]
 
-    prefixes = [len(_prefix(r, answer.text)) for r in requests if isinstance(r.body, dict)]
     return Rescue(
         interruptions=listed("interruptions"),
         recoveries=listed("recoveries"),
         trimmed=sum(_increase(before, after, "trimmed").values()),
-        requests=len(requests),
-        resumed_at=prefixes[1:],
+        requests=requests,
+        resumed_at=resumed_at,
     )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one scene went."""
+
+    broke: bool  # the gateway saw the fault
+    passed: bool  # the client got what it should have
+    skipped: bool = False  # not run: what it needs is not installed
+    why: str = ""  # why it was skipped ("the openai package is not installed")
+    rescuable: bool = True  # its fault is one the gateway should rescue
 
 
 # -- the checks ------------------------------------------------------------------------

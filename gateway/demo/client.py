@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -98,14 +98,20 @@ def timed(events: Iterable[T], received: Received) -> Iterator[T]:
 
 
 def stream_answer(
-    client: httpx2.Client, base_url: str, model: str, show: Callable[[str], None]
+    client: httpx2.Client,
+    base_url: str,
+    model: str,
+    show: Callable[[str], None],
+    request: Mapping[str, object] | None = None,
 ) -> Received:
-    """Stream one chat completion through the gateway; ``show`` each text delta as it comes."""
+    """Stream one chat completion through the gateway; ``show`` each text delta as it comes.
+    ``request``: more fields of the body (``messages``, ``max_tokens``, ``temperature``...)."""
     received = Received()
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "Tell me how streams survive failure."}],
         "stream": True,
+        **(request or {}),
     }
     headers = {"content-type": "application/json"}
     url = base_url + "/chat/completions"

@@ -85,6 +85,11 @@ class Report:
             self._column += columns(piece)
         self.out.flush()
 
+    def live_colour(self, code: str) -> None:
+        """Go on writing the live text in another colour (an SGR code, "33")."""
+        if self.style.enabled:
+            self.out.write(f"\033[{code}m")
+
     def end_live(self) -> None:
         self.line("\033[0m" if self.style.enabled else "")
 

@@ -19,6 +19,7 @@ from gateway.chaos import (
     running_chaos_upstream,
 )
 from gateway.demo.checks import (
+    Outcome,
     Rescue,
     differences,
     gemini_differences,
@@ -35,6 +36,7 @@ from gateway.demo.client import (
     stream_message,
     stream_response,
 )
+from gateway.demo.realmodel import INSTALL, run_real_model
 from gateway.demo.report import (
     Report,
     Style,
@@ -95,28 +97,26 @@ class Stage:
 def staged() -> Iterator[Stage]:
     """The chaos upstream and a gateway in front of it, each in a thread; an httpx2 client."""
     metrics = Metrics()
+    with (
+        running_chaos_upstream() as upstream,
+        running_gateway(
+            demo_config(upstream.base_url, bedrock=has_botocore()), metrics
+        ) as gateway_url,
+        httpx2.Client(timeout=httpx2.Timeout(30.0)) as client,
+    ):
+        yield Stage(upstream, gateway_url, metrics, client)
+
+
+@contextlib.contextmanager
+def _quiet_gateway() -> Iterator[None]:
+    """The gateway's log at ERROR while the demo runs: the report says it all."""
     logger = logging.getLogger("gateway")
     level = logger.level
-    logger.setLevel(logging.ERROR)  # the report says it all
+    logger.setLevel(logging.ERROR)
     try:
-        with (
-            running_chaos_upstream() as upstream,
-            running_gateway(
-                demo_config(upstream.base_url, bedrock=has_botocore()), metrics
-            ) as gateway_url,
-            httpx2.Client(timeout=httpx2.Timeout(30.0)) as client,
-        ):
-            yield Stage(upstream, gateway_url, metrics, client)
+        yield
     finally:
         logger.setLevel(level)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    broke: bool  # the gateway saw the fault
-    passed: bool  # the client got what it should have
-    skipped: bool = False  # not run: its SDK (``missing``) is not installed
-    missing: str = ""
 
 
 def has_openai() -> bool:
@@ -189,14 +189,14 @@ def run_scenario(
     if scenario.api in SDKS:
         package, installed, client = SDKS[scenario.api]
         if not installed():
-            why = f"the {package} package is not installed (pip install {package})"
-            report.field("skipped", why)
-            return Outcome(broke=False, passed=True, skipped=True, missing=package)
+            why = f"the {package} package is not installed"
+            report.field("skipped", f"{why} ({INSTALL}, or pip install {package})")
+            return Outcome(broke=False, passed=True, skipped=True, why=why)
         report.field("client", client)
     if scenario.needs == "botocore" and not has_botocore():
-        why = "botocore is not installed (pip install 'resumable-gateway[bedrock]')"
-        report.field("skipped", why)
-        return Outcome(broke=False, passed=True, skipped=True, missing="botocore")
+        why = "the botocore package is not installed"
+        report.field("skipped", f"{why} ({INSTALL}, or pip install 'resumable-gateway[bedrock]')")
+        return Outcome(broke=False, passed=True, skipped=True, why=why)
     started = time.perf_counter()
     report.start_live("text" if scenario.api in SDKS else "client")
     try:
@@ -259,16 +259,42 @@ def run_scenario(
     else:
         problems = surfaced_cleanly(expected, received)
         report.verdict("an explicit error, no [DONE], the text so far intact", problems)
-    return Outcome(broke=bool(rescue.interruptions), passed=not problems)
-
-
-def _header(report: Report, stage: Stage, count: int) -> None:
-    report.paragraph(
-        f"resumable-gateway demo: a chaos upstream breaks {count} "
-        f"answer{'' if count == 1 else 's'} on purpose, and a "
-        "gateway in front of it rescues them. Both run in this process, on loopback: no API "
-        "key, no network."
+    return Outcome(
+        broke=bool(rescue.interruptions), passed=not problems, rescuable=scenario.rescuable
     )
+
+
+def _intro(report: Report, real_model: bool, count: int) -> None:
+    answers = f"{count} answer{'' if count == 1 else 's'}"
+    if real_model and count:
+        text = (
+            "resumable-gateway demo: first a real model's answer, its server killed "
+            f"mid-sentence; then a chaos upstream breaks {answers} on purpose, in ways a "
+            "small model cannot show (tool calls, reasoning, every protocol). A gateway in "
+            "front rescues each."
+        )
+    elif real_model:
+        text = (
+            "resumable-gateway demo: a real model's answer, its server killed mid-sentence, "
+            "rescued by a gateway in front."
+        )
+    else:
+        text = (
+            f"resumable-gateway demo: a chaos upstream breaks {answers} on purpose, and a "
+            "gateway in front of it rescues them."
+        )
+    report.paragraph(
+        text + " Everything runs on this machine, on loopback: no API key, no network."
+    )
+
+
+def _chaos_header(report: Report, stage: Stage, after_real_model: bool) -> None:
+    if after_real_model:
+        report.line()
+        report.paragraph(
+            "The chaos upstream: deterministic answers that break where their model name "
+            "says, through every protocol the gateway speaks."
+        )
     upstream = stage.upstream.base_url
     report.field("upstream", f"{upstream}  (deterministic answers, faults on request)")
     report.field(
@@ -277,11 +303,9 @@ def _header(report: Report, stage: Stage, count: int) -> None:
     )
 
 
-def _summary(
-    report: Report, scenarios: tuple[Scenario, ...], outcomes: list[Outcome], seconds: float
-) -> None:
-    pairs = [(s, o) for s, o in zip(scenarios, outcomes, strict=True) if not o.skipped]
-    rescuable = [o for s, o in pairs if s.rescuable]
+def _summary(report: Report, outcomes: list[Outcome], real_model: bool, seconds: float) -> None:
+    ran = [o for o in outcomes if not o.skipped]
+    rescuable = [o for o in ran if o.rescuable]
     report.line()
     if not all(o.passed for o in outcomes):
         failed = sum(not o.passed for o in outcomes)
@@ -291,17 +315,20 @@ def _summary(
     broken, rescued = sum(o.broke for o in rescuable), sum(o.passed for o in rescuable)
     texts = []
     if rescuable:
+        real = " (a real model's among them)" if real_model and not outcomes[0].skipped else ""
         texts.append(
-            f"{broken} streams broke, {rescued} rescued: every answer byte-identical to an "
-            "unbroken one, 0 characters lost or repeated."
+            f"{broken} streams broke, {rescued} rescued{real}: every answer byte-identical "
+            "to an unbroken one, 0 characters lost or repeated."
         )
-    if refused := len(pairs) - len(rescuable):
+    if refused := len(ran) - len(rescuable):
         texts.append(
             f"{refused} unrecoverable error ended its stream with an explicit error event."
         )
-    for package in sorted({o.missing for o in outcomes if o.skipped}):
-        skipped = sum(o.skipped and o.missing == package for o in outcomes)
-        texts.append(f"{skipped} skipped: the {package} package is not installed.")
+    for why in sorted({o.why for o in outcomes if o.skipped}):
+        skipped = sum(o.skipped and o.why == why for o in outcomes)
+        texts.append(f"{skipped} skipped: {why}.")
+    if any(o.skipped for o in outcomes):
+        texts.append(f"In a clone of the repository, {INSTALL} installs what they need.")
     report.paragraph(f"{' '.join(texts)} ({seconds:.1f} s)", code="32;1")
 
 
@@ -332,22 +359,30 @@ def run_demo(
     quick: bool = False,
     out: TextIO | None = None,
     scenarios: tuple[Scenario, ...] = SCENARIOS,
+    real_model: bool = True,
 ) -> int:
-    """Run the scenarios and report; 0 when every one behaved as it should, else 1."""
+    """Run the real-model scene (``real_model``) and the chaos ``scenarios``, and report;
+    0 when every one behaved as it should (or was skipped), else 1."""
     out = sys.stdout if out is None else out
     report = Report(out, Style(out.isatty() and "NO_COLOR" not in os.environ))
-    pace_ms = 0 if quick else PACE_MS
+    pace_ms = 0 if quick else PACE_MS  # the real model keeps its own pace
+    total = len(scenarios) + real_model
+    outcomes: list[Outcome] = []
     started = time.perf_counter()
     try:
-        with staged() as stage:
-            _header(report, stage, len(scenarios))
-            outcomes = [
-                run_scenario(f"{number}/{len(scenarios)}", scenario, stage, report, pace_ms)
-                for number, scenario in enumerate(scenarios, 1)
-            ]
+        with _quiet_gateway():
+            _intro(report, real_model, len(scenarios))
+            if real_model:
+                outcomes.append(run_real_model(f"1/{total}", report))
+            if scenarios:
+                with staged() as stage:
+                    _chaos_header(report, stage, real_model)
+                    for number, scenario in enumerate(scenarios, 1 + real_model):
+                        numbered = f"{number}/{total}"
+                        outcomes.append(run_scenario(numbered, scenario, stage, report, pace_ms))
     except KeyboardInterrupt:
         report.line("interrupted")
         return 130
-    _summary(report, scenarios, outcomes, time.perf_counter() - started)
+    _summary(report, outcomes, real_model, time.perf_counter() - started)
     _hint(report)
     return 0 if all(o.passed for o in outcomes) else 1
