@@ -147,6 +147,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     check_providers(config.upstreams)
     for line in asyncio.run(_learned_continuations(config)):
         print(line)
+    for line in _background_responses(config):
+        print(line)
     if tracing_enabled(config.tracing, os.environ):
         check_protocol(os.environ)
     print("config OK")
@@ -179,6 +181,19 @@ async def _learned_continuations(config: GatewayConfig) -> list[str]:
         f"continuation of {u.name}: auto -> {mode} ({why})"
         for u, (mode, why) in zip(auto, found, strict=True)
     ]
+
+
+def _background_responses(config: GatewayConfig) -> list[str]:
+    """Whether each Responses upstream that could asks background responses, and why."""
+    lines = []
+    for u in config.upstreams:
+        if "responses" not in u.protocols or u.kind not in ("openai", "azure"):
+            continue
+        why = "set" if u.background is not None else f"default for {u.kind} at this base_url"
+        lines.append(
+            f"background responses of {u.name}: {'on' if u.runs_background else 'off'} ({why})"
+        )
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -122,6 +122,10 @@ def test_check_config_prints_masked_routes(tmp_path: Path) -> None:
     )
     assert "*: up/<requested>" in result.stdout
     assert "sk-very-secret" not in result.stdout
+    # Not OpenAI's own API: its Responses requests are not asked in the background.
+    assert "background responses of up: off (default for openai at this base_url)" in (
+        result.stdout
+    )
     assert "config OK" in result.stdout
 
 
