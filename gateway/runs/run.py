@@ -35,8 +35,8 @@ generators (body, SSE, relay, run) cost more per delta than all of that together
 Past 450 lines on purpose: ``Run`` is one state machine (open, relay, recover) whose
 steps share the open response, the plan and the splicer; what is not that machine
 went out already (leg choice: ``attempts.py``; the log and its followers: ``log.py``;
-what each plan sends: ``strategies/``).
-Its bookkeeping (metrics, spans, the recovery log line) comes after the loop.
+what each plan sends: ``strategies/``; background responses: ``background.py`` and a
+takeover's check of one, ``catchup.py``; its metrics, spans and log line: ``reports.py``).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from gateway.recovery.throughput import ThroughputGuard
 from gateway.runs.attempts import Attempts, attempt_result
 from gateway.runs.background import REATTACHABLE, Background
 from gateway.runs.catchup import CatchUp, Emit, Restored
+from gateway.runs.reports import Reports, error_type
 from gateway.runs.strategies import Ask, Need, Strategy, strategy_for
 from gateway.upstream.client import UpstreamClient, UpstreamHTTPError
 from gateway.upstream.connection import set_read_timeout, whole
@@ -107,7 +108,7 @@ class StreamInterrupted(UpstreamFailure):
         self.fatal = fatal
 
 
-class Run:
+class Run(Reports):
     def __init__(
         self,
         *,
@@ -263,7 +264,7 @@ class Run:
         except BaseException as exc:
             if self._strategy is None:  # no stream started: the run ends here
                 cancelled = isinstance(exc, asyncio.CancelledError)
-                self.end_trace(_error_type(exc), "cancelled" if cancelled else "failed")
+                self.end_trace(error_type(exc), "cancelled" if cancelled else "failed")
             raise
 
     async def _open(self) -> None:
@@ -315,20 +316,6 @@ class Run:
                 self._request_bytes = len(body)
                 return
 
-    def _trace_attempt(self, trace: RunTrace, leg: ResolvedLeg) -> dict[str, str]:
-        """Start the span of the request about to go to ``leg``: its headers."""
-        plan = None if self._strategy is None else self._strategy.plan
-        continued = self._continuing
-        return trace.attempt(
-            leg,
-            index=self.attempts.index,
-            attempt=self.attempts.attempt,
-            plan="none" if plan is None else plan.value,
-            mode=("prefill" if self._prefilled else "prompt") if continued else None,
-            delay=self.attempts.last_delay,
-            seams=len(self.splicer.seam_outcomes()),
-        )
-
     def _refused_prefill(self, leg: ResolvedLeg, exc: UpstreamHTTPError) -> bool:
         """A continuation ending with an assistant message was refused (400/422): the
         model takes no prefill (Claude 4.6+, some OpenAI-compatible servers). Remembered
@@ -378,7 +365,7 @@ class Run:
         try:
             await self._run(emit, failure)
         except GatewayError as exc:
-            self.outcome, error = "failed", _error_type(exc)
+            self.outcome, error = "failed", error_type(exc)
             await _emitted(emit, self.splicer.fail(exc))
         except asyncio.CancelledError:
             self.outcome = self.outcome or "detached"
@@ -407,53 +394,13 @@ class Run:
             await self.background.abandon(self.leg, self.splicer)
             raise
         except BaseException as exc:
-            self.outcome, error = self.outcome or "failed", _error_type(exc)
+            self.outcome, error = self.outcome or "failed", error_type(exc)
             raise
         finally:
             self._count_tokens()
             self.end_trace(error)
             await self.aclose()
         return self.adapter.assemble(self.accumulator)
-
-    def end_trace(self, error: str | None = None, outcome: str | None = None) -> None:
-        """End the run's span (once): what it answered, cost and took."""
-        trace = self.trace
-        if trace is None or trace.ended:
-            return
-        accumulator = self.accumulator
-        try:
-            trace.content(self._body, accumulator.text)
-            usage = accumulator.usage
-        except Exception:  # noqa: BLE001 - a span is never worth the run's close
-            logger.exception("tracing: the run's answer could not be read")
-            usage = None
-        trace.end(
-            outcome=outcome or self.outcome,
-            identity=accumulator.identity,
-            finish_reason=accumulator.finish_reason,
-            usage=usage,
-            attempts=self.attempts.made,
-            recoveries=self.recoveries,
-            legs=self.splicer.leg + 1,
-            seams=self.splicer.seam_outcomes(),
-            error=error,
-        )
-
-    def _count_tokens(self) -> None:
-        """Tokens by leg, reported apart from estimated (``gateway.recovery.usage``)."""
-        estimated = self.accumulator.estimated_by_leg
-        for source, by_leg in (
-            ("reported", self.accumulator.usage_by_leg),
-            ("estimated", estimated),
-        ):
-            for leg, usage in by_leg.items():
-                if leg in self._restored_legs or (source == "reported" and leg in estimated):
-                    continue
-                # Chat's names, or the Responses and Messages ones.
-                for kind, other in (("prompt", "input"), ("completion", "output")):
-                    tokens = usage.get(f"{kind}_tokens", usage.get(f"{other}_tokens"))
-                    if isinstance(tokens, int) and tokens > 0:
-                        self._metrics.tokens.labels(kind, str(leg), source).inc(tokens)
 
     async def _run(self, emit: Emit, failure: StreamInterrupted | None = None) -> None:
         """Relay legs until the answer is complete; start by recovering from ``failure``."""
@@ -518,7 +465,7 @@ class Run:
             strategy = strategy_for(plan)
             end = strategy.end(self.splicer, fatal=failure.fatal)
             if end is not None:
-                self._log_recovery(failure, plan)
+                self._log_recovery(failure.cause, plan)
                 self._plans.append(plan)
                 self.recoveries += 1
                 self._count_recoveries("recovered")
@@ -534,7 +481,7 @@ class Run:
             self.recoveries += 1
             try:
                 await self.attempts.after_interruption(failure, failure.cause)
-                self._log_recovery(failure, plan)
+                self._log_recovery(failure.cause, plan)
                 await self.open()
             except (GatewayError, UpstreamHTTPError) as exc:
                 self._count_recoveries("failed")
@@ -549,7 +496,7 @@ class Run:
         plan = plan_recovery(self.splicer.snapshot(), resumable=True)
         if self.on_interrupted is not None:
             self.on_interrupted()
-        self._log_recovery(failure, plan)
+        self._log_recovery(failure.cause, plan)
         leg, trace = self.leg, self.trace
         previous, self._strategy = self._strategy, strategy_for(plan)
         headers = None if trace is None else self._trace_attempt(trace, leg)
@@ -602,42 +549,6 @@ class Run:
         if dropped:
             message += f" The incomplete tool call {', '.join(map(repr, dropped))} was dropped."
         return StreamInterrupted(message, failure.cause, fatal=failure.fatal)
-
-    def _count_recoveries(self, outcome: str) -> None:
-        for plan in self._plans:
-            self._metrics.recoveries.labels(plan.value, outcome).inc()
-        self._plans.clear()
-        if self.splicer.trimmed:
-            self._metrics.seam_trimmed.inc(self.splicer.trimmed)
-        for cut in self.splicer.seam_outcomes():
-            self._metrics.seams.labels(cut).inc()
-
-    def _trace_leg_ended(self) -> None:
-        """The open leg's span ends: with what it cost (reported, else estimated)."""
-        if self.trace is None:
-            return
-        leg, accumulator = self.splicer.leg, self.accumulator
-        estimated = accumulator.estimated_by_leg.get(leg)
-        usage = estimated if estimated is not None else accumulator.usage_by_leg.get(leg)
-        self.trace.leg_ended(usage, estimated is not None, self.splicer.seam_outcomes())
-
-    def _log_recovery(self, failure: StreamInterrupted, plan: Plan) -> None:
-        if self.trace is not None:
-            chars = self.accumulator.text_chars
-            self.trace.recovery(plan.value, failure.cause.value, chars)
-        logger.info(
-            "recovery",
-            extra={
-                "run_id": self.id,
-                "cause": failure.cause.value,
-                "plan": plan.value,
-                "attempt": self.attempts.attempt,
-                "leg": self.attempts.index,
-                "upstream": self.leg.upstream.name,
-                "delay_s": round(self.attempts.last_delay, 3),
-                "sent_chars": self.accumulator.text_chars,
-            },
-        )
 
     async def _relay(self, emit: Emit) -> None:
         """Relay the open attempt into ``emit``; ``StreamInterrupted`` if it breaks.
@@ -713,13 +624,6 @@ class Run:
         if not splicer.finished:
             raise self._interrupted(Cause.TRUNCATED)
 
-    def _first_token(self) -> None:
-        self._awaiting_content = False
-        self.first_token_at = time.perf_counter()
-        self._metrics.ttft.labels(self.route.name).observe(self.first_token_at - self._started)
-        if self.trace is not None:
-            self.trace.first_token(self.first_token_at - self._started)
-
     def _throughput_guard(self, start: float) -> ThroughputGuard | None:
         """The slow-stream check of a leg whose first event came at ``start``: the route's
         ``min_throughput``, on every leg but the last, where a slow answer beats none."""
@@ -746,13 +650,3 @@ async def _emitted(emit: Emit, data: bytes) -> None:
     wait = emit(data)
     if wait is not None:
         await wait
-
-
-def _error_type(exc: BaseException) -> str:
-    """What a span's ``error.type`` says of an exception: the gateway's error code, the
-    upstream's status, or the exception's class."""
-    if isinstance(exc, UpstreamHTTPError):
-        return str(exc.status_code)
-    if isinstance(exc, GatewayError):
-        return exc.code or type(exc).__name__
-    return "cancelled" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
