@@ -6,6 +6,7 @@ is the client, beside the raw events checked against its types."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,8 +17,11 @@ import pytest
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
+from gateway.protocols.responses_splice import frame
 from tests.api.test_responses import STREAM_EVENT, config, stream
-from tests.servers import RunningGateway, running_gateway, wait_for
+from tests.protocols.test_responses_splice import Leg
+from tests.raw_upstream import RawRequest, running_raw_upstream, sse_head
+from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
 BACKGROUND = {"upstream": {"background": True}}
 CUTS = ["reset", "close", "stall", "no_finish"]
@@ -202,3 +206,58 @@ def test_the_streamed_events_of_a_read_again_validate_against_the_sdks_types(
     for event in events:
         STREAM_EVENT.validate_python(event)
     assert events[-1]["type"] == "response.completed"
+
+
+def test_an_upstream_that_refuses_background_gets_the_foreground_from_then_on() -> None:
+    """An organisation under zero data retention (or a server that does not know it)
+    refuses ``background``: the same leg is asked again at once without it, and that
+    upstream and model are asked in the foreground from then on."""
+    leg = Leg("resp_raw")
+    answer = leg.created() + leg.message(0, "msg_a", "Hello", " there") + [leg.completed(2)]
+    stream = sse_head() + b"".join(frame(c.obj["type"], c.data) for c in answer)
+    refusal = orjson.dumps(
+        {
+            "error": {
+                "message": "Background mode is not available for this organization.",
+                "type": "invalid_request_error",
+                "param": "background",
+                "code": None,
+            }
+        }
+    )
+
+    def script(index: int, request: RawRequest) -> list[bytes]:
+        if orjson.loads(request.body).get("background"):
+            head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            return [head + b"content-length: %d\r\n\r\n" % len(refusal) + refusal]
+        return [stream]
+
+    with running_raw_upstream(script) as upstream:
+        settings = {"upstream": {"background": True, "timeouts": {"first_byte": 3, "idle": 2}}}
+        with running_gateway(gateway_config(upstream.base_url, **settings)) as gateway:
+            with OpenAI(base_url=gateway.base_url, api_key="k", max_retries=0) as client:
+                for _ in range(2):
+                    with client.responses.stream(model="m", input="x") as events:
+                        assert events.get_final_response().output_text == "Hello there"
+            refused = gateway.metrics.attempts.labels("chaos", "0", "background_refused")
+            assert refused._value.get() == 1
+    asked = [orjson.loads(r.body).get("background") for r in upstream.requests]
+    assert asked == [True, None, None]
+
+
+def test_cuts_at_random_positions_arrive_as_the_unbroken_answer_with_one_generation(
+    sdk: OpenAI, chaos: ChaosUpstream
+) -> None:
+    """Seeded: every transport cut, anywhere in answers with reasoning and a function
+    call or not, its reads again sometimes cut too."""
+    rng = random.Random(47)
+    for case in range(12):
+        reasoning, tools = rng.choice((0, 4)), rng.choice((0, 1))
+        spec = f"chaos:text=30,reasoning={reasoning},tools={tools},seed={4700 + case},pace_ms=1"
+        unbroken = stream(sdk, spec)
+        fault, at, again = rng.choice(CUTS), rng.randrange(45), rng.choice((0, 0, 1))
+        model = f"{spec},fault={fault},at={at},times=1,retrieve_faults={again}"
+        streamed = stream(sdk, model)
+        assert comparable(streamed.events) == comparable(unbroken.events), model
+        assert streamed.final.usage.output_tokens == unbroken.final.usage.output_tokens
+        assert len(posts(chaos, model)) == 1, model
