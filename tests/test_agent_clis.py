@@ -1,5 +1,5 @@
-"""Codex CLI, Claude Code and Gemini CLI through the gateway:
-``scripts/agent-cli-check/check.py``.
+"""Codex CLI, Claude Code, Gemini CLI, opencode, Pi and GitHub Copilot CLI through the
+gateway: ``scripts/agent-cli-check/check.py``.
 
 The check installs the pinned CLIs (``npm ci``, cached by lockfile), starts the chaos
 upstream and a gateway, and runs each CLI (Codex's and Claude Code's own retries off,
@@ -9,7 +9,12 @@ reasoning and a cut tool call (Gemini CLI also through a close, an in-band error
 fault-free one does (same reasoning, messages and tool call, printed once, no extra
 request from the agent; a stall over within the gateway's idle timeout), and its next
 turn, which sends the first turn's items back to an upstream that checks them as the
-providers do, must be answered.
+providers do, must be answered. opencode and Pi on chat, Responses, Messages and Gemini,
+Copilot CLI on chat, Responses (over HTTP and a WebSocket) and Messages, each in its
+print mode through a reset, an in-band error, a stall and a reset inside reasoning (on
+Gemini also Google's error as a ``data:`` event): the printed answer byte-equal to the
+fault-free one, and no request of their own (Pi's retries off; opencode and Copilot
+have no setting, so a retry of theirs would show as one).
 
 Needs ``node`` and ``npm`` on PATH; skipped otherwise.
 """
@@ -28,13 +33,21 @@ CHECK = Path(__file__).resolve().parent.parent / "scripts" / "agent-cli-check" /
 # Codex over HTTP (a custom provider), over a WebSocket (a custom provider with
 # supports_websockets, and its built-in provider with openai_base_url), Claude Code,
 # Gemini CLI.
-AGENTS = ("codex", "codex-ws", "codex-builtin", "claude", "gemini")
+AGENTS: tuple[str, ...] = ("codex", "codex-ws", "codex-builtin", "claude", "gemini")
+PROTOCOLS = ("chat", "responses", "messages", "gemini")
 SOCKETS = ("codex-ws", "codex-builtin")
 # Fault-free, then each fault and its next turn; Claude Code also through Anthropic
 # overloaded mid-answer, finished on Bedrock.
 SCENARIOS = {"codex": 1 + 2 * 5, "codex-ws": 1 + 2 * 5, "codex-builtin": 1 + 2 * 5}
 SCENARIOS["claude"] = 1 + 2 * 6
 SCENARIOS["gemini"] = 1 + 2 * 8 + 1  # and an answer refused mid-way, surfaced
+# Print mode, one turn: fault-free, then each fault.
+PRINTERS = [f"{cli}-{protocol}" for cli in ("opencode", "pi") for protocol in PROTOCOLS]
+PRINTERS += [
+    f"copilot-{protocol}" for protocol in ("chat", "responses", "messages", "responses-ws")
+]
+SCENARIOS |= {agent: 1 + 4 + agent.endswith("-gemini") for agent in PRINTERS}
+AGENTS += tuple(PRINTERS)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("node") is None or shutil.which("npm") is None,

@@ -1,4 +1,4 @@
-"""Codex CLI, Claude Code and Gemini CLI through the gateway, in front of the chaos upstream.
+"""Coding agents' CLIs through the gateway, in front of the chaos upstream.
 
 Codex three ways: a custom provider over HTTP (``codex``), a custom provider with
 ``supports_websockets = true`` (``codex-ws``), and its built-in OpenAI provider pointed
@@ -21,9 +21,18 @@ thinking, thought signatures: ``gateway/chaos/__init__.py``, ``gateway/chaos/gem
 A stall must be over within the gateway's idle timeout: its run may take no longer
 than the fault-free one plus ``IDLE`` and ``STALL_SLACK``.
 
+opencode, Pi and GitHub Copilot CLI (``PRINTED``: ``opencode-ai``,
+``@earendil-works/pi-coding-agent``, ``@github/copilot``) run in their print mode, once
+per protocol each speaks (``opencode-chat``, ``pi-gemini``, ``copilot-responses-ws``…),
+on an answer of reasoning and text, fault-free and through ``PRINTED_FAULTS``: what each
+prints must be the fault-free run's, byte for byte (no text twice: the CLI had nothing
+to retry), after as many requests, and the fault-free one the chaos upstream's text.
+Pi's own retries are off (``retry.enabled``); opencode and Copilot have no such
+setting. Pi runs on the pinned ``node`` (22): it needs Node >= 22.19.
+
 Prints one JSON line per run and exits 1 if any differs or fails. Usage::
 
-    .venv/bin/python scripts/agent-cli-check/check.py [--prefix DIR] [--only AGENT]
+    .venv/bin/python scripts/agent-cli-check/check.py [--prefix DIR] [--only AGENT|CLI]
 
 ``--prefix``: where the CLIs are installed (default: a cache directory named after
 the lockfile's hash, reused by later runs); ``npm`` and ``node`` must be on PATH.
@@ -81,6 +90,52 @@ GEMINI_FAULTS = {
 }
 SEEDS = {"codex": 81, "claude": 82, "codex-ws": 83, "codex-builtin": 84, "gemini": 85}
 CODEX = ("codex", "codex-ws", "codex-builtin")
+# The CLIs run in their print mode, each on every protocol it speaks: ``{cli}-{protocol}``.
+PROTOCOLS = {
+    "opencode": ("chat", "responses", "messages", "gemini"),
+    "pi": ("chat", "responses", "messages", "gemini"),
+    "copilot": ("chat", "responses", "messages", "responses-ws"),
+}
+PRINTED = tuple(
+    f"{cli}-{protocol}" for cli, protocols in PROTOCOLS.items() for protocol in protocols
+)
+SEEDS |= {agent: 90 + number for number, agent in enumerate(PRINTED)}
+# Their answer: reasoning (6 deltas), then text (40), which is what they print.
+PRINTED_ANSWER = "text=40,reasoning=6"
+PRINTED_FAULTS = {
+    "reset mid-text": "fault=reset,at=20",
+    "in-band error mid-text": "fault=error,at=25",
+    "stall mid-text": "fault=stall,at=15,stall_s=60",
+    "break inside reasoning": "fault=reset,at=3",
+}
+# On the Gemini API, Google's in-band error both ways it comes (``GEMINI_FAULTS``).
+PRINTED_GEMINI_FAULTS = PRINTED_FAULTS | {"in-band error event mid-text": "fault=error_data,at=25"}
+# Where each CLI's provider for a protocol points, after the gateway's URL, and what it
+# is: opencode's AI SDK provider package, Pi's ``api``, Copilot's provider settings.
+OPENCODE_PROVIDERS = {
+    "chat": ("@ai-sdk/openai-compatible", "/v1"),
+    "responses": ("@ai-sdk/openai", "/v1"),
+    "messages": ("@ai-sdk/anthropic", "/v1"),
+    "gemini": ("@ai-sdk/google", "/v1beta"),
+}
+PI_APIS = {
+    "chat": ("openai-completions", "/v1"),
+    "responses": ("openai-responses", "/v1"),
+    "messages": ("anthropic-messages", ""),
+    "gemini": ("google-generative-ai", "/v1beta"),
+}
+COPILOT_PROVIDERS = {
+    "chat": ("/v1", {}),
+    "responses": ("/v1", {"COPILOT_PROVIDER_WIRE_API": "responses"}),
+    "messages": ("", {"COPILOT_PROVIDER_TYPE": "anthropic"}),
+    "responses-ws": (  # the Responses API over a WebSocket, as Codex's
+        "/v1",
+        {"COPILOT_PROVIDER_WIRE_API": "responses", "COPILOT_PROVIDER_TRANSPORT": "websockets"},
+    ),
+}
+# opencode's small model (a session's title) elsewhere, as for Claude Code: else the
+# title request takes the fault (times=1) and the answer is never faulted.
+SMALL_MODEL = "chaos:text=3,seed=99"
 # Codex's own words when a WebSocket handshake fails, or it gives the socket up.
 SOCKET_TROUBLE = ("Reconnecting", "Falling back")
 # Claude Code while Anthropic stays overloaded mid-answer: the gateway's route for this
@@ -93,7 +148,7 @@ SECOND_TURN = "And then?"
 RUN_TIMEOUT = 120.0
 IDLE = 2.0  # the gateway's idle timeout on every upstream: a stall is over after it
 STALL_SLACK = 2.5  # what a stalled run may take beyond the fault-free one and IDLE
-AGENTS = (*CODEX, "claude", "gemini")
+AGENTS = (*CODEX, "claude", "gemini", *PRINTED)
 SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's documented dummy
 # Gemini CLI's settings: an API key (else 0.61 picks its ``gateway`` auth type from the
 # environment and its headless mode exits 41), nothing sent to Google, no update check.
@@ -227,6 +282,11 @@ def gemini_transcript(stdout: str) -> tuple[list[Any], str]:
     return items, final
 
 
+def printed_transcript(stdout: str) -> tuple[list[Any], str]:
+    """What a CLI in print mode wrote: its answer, as printed, and nothing else."""
+    return [stdout], stdout
+
+
 class Agents:
     """The CLIs, each with its scratch HOME, pointed at the gateway."""
 
@@ -261,6 +321,8 @@ class Agents:
             (codex_home / "config.toml").write_text(config)
         (home / ".gemini").mkdir()
         (home / ".gemini" / "settings.json").write_text(json.dumps(GEMINI_SETTINGS))
+        (home / ".pi").mkdir()
+        (home / ".pi" / "settings.json").write_text(json.dumps({"retry": {"enabled": False}}))
 
     def codex_home(self, variant: str) -> Path:
         return self.home / ("." + variant)
@@ -313,6 +375,61 @@ class Agents:
             GEMINI_CLI_TRUST_WORKSPACE="true",
             GEMINI_TELEMETRY_ENABLED="false",
         )
+        return self._run(command, env)
+
+    def printed(
+        self, cli: str, protocol: str, model: str, *, resume: bool = False
+    ) -> tuple[int, str, str]:
+        """opencode, Pi or Copilot CLI in print mode, speaking ``protocol`` to the gateway
+        (one turn: ``resume`` is there for ``turn``, which never sets it for them)."""
+        prompt = "Tell me."
+        if cli == "opencode":
+            package, path = OPENCODE_PROVIDERS[protocol]
+            provider = {
+                "npm": package,
+                "options": {"baseURL": self.gateway + path, "apiKey": "k"},
+                "models": {model: {}, SMALL_MODEL: {}},
+            }
+            config = {
+                "provider": {"gateway": provider},
+                "small_model": f"gateway/{SMALL_MODEL}",
+                "autoupdate": False,
+                "share": "disabled",
+            }
+            command = [str(self.bin / "opencode"), "run", "-m", f"gateway/{model}", prompt]
+            env = self.env(
+                OPENCODE_CONFIG_CONTENT=json.dumps(config),
+                OPENCODE_DISABLE_MODELS_FETCH="1",  # models.dev
+                OPENCODE_DISABLE_AUTOUPDATE="1",
+                OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
+                OPENCODE_DISABLE_LSP_DOWNLOAD="1",
+            )
+        elif cli == "pi":
+            api, path = PI_APIS[protocol]
+            provider = {"baseUrl": self.gateway + path, "api": api, "apiKey": "k"}
+            models = {"providers": {"gateway": provider | {"models": [{"id": model}]}}}
+            (self.home / ".pi" / "models.json").write_text(json.dumps(models))
+            command = [str(self.bin / "pi"), "-p", "--no-session", "--provider", "gateway"]
+            command += ["--model", model, prompt]
+            env = self.env(
+                PI_CODING_AGENT_DIR=str(self.home / ".pi"),
+                PI_OFFLINE="1",
+                PI_SKIP_VERSION_CHECK="1",
+                PI_TELEMETRY="0",
+                # Pi needs Node >= 22.19: the pinned ``node`` first on PATH runs it.
+                PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            )
+        else:
+            path, settings = COPILOT_PROVIDERS[protocol]
+            command = [str(self.bin / "copilot"), "-p", prompt]
+            env = self.env(
+                COPILOT_OFFLINE="true",
+                COPILOT_PROVIDER_BASE_URL=self.gateway + path,
+                COPILOT_PROVIDER_API_KEY="k",
+                COPILOT_MODEL=model,
+                COPILOT_AUTO_UPDATE="false",
+                **settings,
+            )
         return self._run(command, env)
 
     def _run(self, command: list[str], env: dict[str, str]) -> tuple[int, str, str]:
@@ -499,24 +616,33 @@ def relayed_signature(requests: list[dict[str, Any]]) -> bool:
 def check(agent: str, agents: Agents, servers: Servers) -> bool:
     run: Callable[..., tuple[int, str, str]]
     transcript: Callable[[str], tuple[list[Any], str]]
+    printed = agent in PRINTED
     if agent in CODEX:
         run, transcript = functools.partial(agents.codex, variant=agent), codex_transcript
     elif agent == "gemini":
         run, transcript = agents.gemini, gemini_transcript
+    elif printed:
+        run = functools.partial(agents.printed, *agent.split("-", 1))
+        transcript = printed_transcript
     else:
         run, transcript = agents.claude, claude_transcript
-    # Gemini CLI says "Falling back to GrepTool" (no ripgrep here): not a socket's trouble.
-    run_turn = functools.partial(turn, watch=() if agent == "gemini" else SOCKET_TROUBLE)
-    answer = f"chaos:{ANSWER},seed={SEEDS[agent]}"
+    # Only Codex's socket trouble is watched: Gemini CLI says "Falling back to GrepTool"
+    # (no ripgrep here), which is not a socket's.
+    run_turn = functools.partial(turn, watch=SOCKET_TROUBLE if agent in CODEX else ())
+    answer = f"chaos:{PRINTED_ANSWER if printed else ANSWER},seed={SEEDS[agent]}"
     clean = run_turn(servers, run, transcript, answer)
     if agent == "gemini" and not relayed_signature(servers.upstream_requests(answer)):
         clean.ok, clean.detail = False, "the tool call went back without its signature"
+    if printed and clean.final.strip() != expected_answer(answer).text.strip():
+        clean.ok, clean.detail = False, "printed another answer than the upstream's"
     report(agent, "fault-free", clean.ok, clean, len(servers.upstream_requests(answer)))
     passed = clean.ok
-    faults = {
-        name: f"{fault},times=1"
-        for name, fault in (GEMINI_FAULTS if agent == "gemini" else FAULTS).items()
-    }
+    chosen = FAULTS
+    if agent == "gemini":
+        chosen = GEMINI_FAULTS
+    elif printed:
+        chosen = PRINTED_GEMINI_FAULTS if agent.endswith("-gemini") else PRINTED_FAULTS
+    faults = {name: f"{fault},times=1" for name, fault in chosen.items()}
     if agent == "claude":
         faults["overloaded mid-text, finished on Bedrock"] = OVERLOADED
     for number, (name, fault) in enumerate(faults.items()):
@@ -534,7 +660,15 @@ def check(agent: str, agents: Agents, servers: Servers) -> bool:
         # answer by its model id there, without the fault).
         upstream = len(servers.upstream_requests(model))
         upstream += len(servers.bedrock_requests()) - bedrock
+        if printed and first.ok and not same:  # the text twice (a retry of its own), or cut
+            first.detail = (
+                f"printed {len(first.final)} characters after {first.requests} requests"
+                f" (fault-free: {len(clean.final)} after {clean.requests})"
+            )
         report(agent, name, first.ok and same, first, upstream)
+        passed = passed and first.ok and same
+        if printed:  # one turn: what it printed is what a user of print mode gets
+            continue
         # The next turn sends this turn's items back, and the upstream must accept them.
         again = f"chaos:text=8,seed={SEEDS[agent] * 100 + number}"
         second = run_turn(servers, run, transcript, again, resume=True)
@@ -542,7 +676,7 @@ def check(agent: str, agents: Agents, servers: Servers) -> bool:
         accepted = second.final.strip() == expected_answer(again).text.strip()
         returned = sent_back(agent, request) >= 2  # both of the first turn's responses
         report(agent, f"{name}, next turn", second.ok and accepted and returned, second, 1)
-        passed = passed and first.ok and same and second.ok and accepted and returned
+        passed = passed and second.ok and accepted and returned
     if agent == "gemini":
         passed = surfaced(servers, run_turn, run, transcript, answer, clean) and passed
     return passed
@@ -590,13 +724,19 @@ def report(agent: str, scenario: str, ok: bool, result: Turn, upstream: int) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefix", type=Path, help="where to install the CLIs")
-    parser.add_argument("--only", choices=AGENTS)
+    parser.add_argument(
+        "--only", choices=(*AGENTS, *PROTOCOLS), help="an agent, or a CLI on all its protocols"
+    )
     args = parser.parse_args()
     bin_dir = install(args.prefix)
     with tempfile.TemporaryDirectory(prefix="agent-cli-check-") as scratch:
         with servers(Path(scratch)) as running:
             agents = Agents(bin_dir, running.gateway, Path(scratch) / "home")
-            names = [args.only] if args.only else list(AGENTS)
+            names = list(AGENTS)
+            if args.only in PROTOCOLS:
+                names = [f"{args.only}-{protocol}" for protocol in PROTOCOLS[args.only]]
+            elif args.only:
+                names = [args.only]
             results = [check(name, agents, running) for name in names]
     return 0 if all(results) else 1
 
