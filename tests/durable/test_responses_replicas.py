@@ -22,7 +22,7 @@ from tests.durable.two_replicas import (
     CREDENTIAL,
     state,
 )
-from tests.processes import DEADLINE, Replicas, replica_config, wait_until
+from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
 from tests.redis_server import RedisServer
 
 
@@ -30,34 +30,7 @@ def test_retrieve_on_another_replica_after_the_owner_is_killed_takes_the_run_ove
     replicas: Replicas, chaos: ChaosUpstream, redis_server: RedisServer
 ) -> None:
     model = "chaos:text=80,seed=41,pace_ms=25"
-    a, b = replicas.start("A", "B")
-    first: list[Any] = []
-    store = redis.Redis.from_url(redis_server.url)
-    try:
-        with OpenAI(base_url=a.base_url, api_key=CREDENTIAL, max_retries=0) as client:
-            raw = client.responses.with_raw_response.create(model=model, input="x", stream=True)
-            run_id = raw.headers["x-run-id"]
-            stream = raw.parse()
-            for event in stream:
-                first.append(event)
-                if len(first) == 10:
-                    break
-            # The checkpoint gets ahead of the client, then A dies without a word.
-            wait_until(lambda: state(store, run_id)["seq"] >= len(first) + 6, "A checkpoints")
-            a.freeze()
-            a.kill()
-            stream.close()
-    finally:
-        store.close()
-    response_id = first[0].response.id
-    with OpenAI(base_url=b.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE) as client:
-        last = first[-1].sequence_number
-        rest = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
-    streamed = Streamed(events=first + rest)
-    check_contract(streamed)
-    assert streamed.text() == expected_answer(model).text
-    assert streamed.events[-1].type == "response.completed"
-    assert b.resumed("takeover") == 1
+    b, _ = killed_and_retrieved(replicas, redis_server, model, 10)
     original, continuation = chaos.requests_for(model)
     assistant = [item for item in continuation.body["input"] if item.get("role") == "assistant"]
     assert len(assistant) == 1 and expected_answer(model).text.startswith(assistant[0]["content"])
@@ -97,7 +70,21 @@ def test_a_killed_replicas_background_response_is_read_again_by_the_next(
     generation), checks that it renders what the client has, and sends only the rest:
     one generation, the unbroken answer."""
     model = f"chaos:text=80,reasoning=3,tools={tools},seed=43,pace_ms=25"
-    a, b = background_replicas.start("A", "B")
+    b, response_id = killed_and_retrieved(background_replicas, redis_server, model, 12)
+    assert [r.method for r in chaos.requests_for(model) if r.method == "POST"] == ["POST"]
+    assert chaos.backgrounds.status(response_id) == "completed"
+    plans = {s.labels["plan"]: s.value for s in b.samples("gateway_recoveries_total")}
+    assert plans == {"reattach": 1.0}
+
+
+def killed_and_retrieved(
+    replicas: Replicas, redis_server: RedisServer, model: str, events: int
+) -> tuple[Replica, str]:
+    """A stream started on A, read for ``events`` events; A checkpoints ahead of the
+    client and dies without a word (SIGKILL), and the client retrieves the rest from B
+    as OpenAI documents, ``starting_after`` its last event: one stream, B's takeover.
+    Returns B and the response's id."""
+    a, b = replicas.start("A", "B")
     first: list[Any] = []
     store = redis.Redis.from_url(redis_server.url)
     try:
@@ -107,10 +94,9 @@ def test_a_killed_replicas_background_response_is_read_again_by_the_next(
             stream = raw.parse()
             for event in stream:
                 first.append(event)
-                if len(first) == 12:
+                if len(first) == events:
                     break
             wait_until(lambda: state(store, run_id)["seq"] >= len(first) + 6, "A checkpoints")
-            assert state(store, run_id)["background"] is not None
             a.freeze()
             a.kill()
             stream.close()
@@ -125,7 +111,4 @@ def test_a_killed_replicas_background_response_is_read_again_by_the_next(
     assert streamed.text() == expected_answer(model).text
     assert streamed.events[-1].type == "response.completed"
     assert b.resumed("takeover") == 1
-    assert [r.method for r in chaos.requests_for(model) if r.method == "POST"] == ["POST"]
-    assert chaos.backgrounds.status(response_id) == "completed"
-    plans = {s.labels["plan"]: s.value for s in b.samples("gateway_recoveries_total")}
-    assert plans == {"reattach": 1.0}
+    return b, response_id
