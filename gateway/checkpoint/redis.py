@@ -41,7 +41,8 @@ acknowledgement is the fence: a primary that had replicas is always waited for.
 
 A checkpoint that was written but not acknowledged is sent again (the writer holds
 its events): its log entry is appended only if the stream does not have it yet, and
-a reader takes each event once (``_entries``), so a resent flush changes nothing.
+a reader takes each event once (``scripts.log_entries``), so a resent flush changes
+nothing. The scripts themselves, their keys and their replies: ``scripts.py``.
 """
 
 from __future__ import annotations
@@ -56,127 +57,20 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError, MovedError
 
 from gateway.checkpoint.connect import connect
-from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState, split_events
+from gateway.checkpoint.model import Applied, Checkpoint, Flush, RunRecord, RunState
 from gateway.checkpoint.replication import Command, Replicas, pipelined
+from gateway.checkpoint.scripts import (
+    CLAIM_SCRIPT,
+    WRITE_SCRIPT,
+    acknowledged,
+    log_entries,
+    per_run,
+    run_keys,
+    write_args,
+)
 
 OWNER_KEY = "rg:owner-key"
 CLUSTER_RUN_TIMEOUT = 1.0  # seconds one run's write may take on a Cluster (the writer's: 2)
-
-# The check every script starts with: ARGV[index] is the replication id of the primary
-# the sentinels name ('' where there are none: nothing checked).
-PRIMARY_CHECK = """
-local function is_primary(expected)
-  if expected == '' then return true end
-  local info = redis.call('INFO', 'replication')
-  return string.find(info, 'role:master', 1, true) ~= nil
-    and string.find(info, 'master_replid:' .. expected, 1, true) ~= nil
-end
-"""
-NOT_PRIMARY = "NOTPRIMARY this node is not the primary the sentinels name now"
-
-# KEYS: record, events, state, lease, watch, epoch per run; ARGV: _write_args per run,
-# then the primary's replication id (PRIMARY_CHECK). Returns, per run, an ``Applied``:
-# 2 if fenced out, 5 if its log would have a gap, else whether a replica watches it.
-_WRITE_RUN = """
-local function write_run(k, a)
-  local record, events, state, lease = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-  local epoch = ARGV[a + 10]
-  if (redis.call('GET', KEYS[k + 6]) or '0') ~= epoch then return 2 end
-  local ttl = tonumber(ARGV[a + 6])
-  if ttl <= 0 then
-    redis.call('DEL', record, events, state, lease)
-    return redis.call('EXISTS', KEYS[k + 5])
-  end
-  local flags, data = ARGV[a + 1], ARGV[a + 5]
-  local have = 0  -- the last event the stored log has
-  if string.find(flags, 'r') then
-    redis.call('DEL', events)
-  else
-    local top = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)[1]
-    if top then have = tonumber(string.match(top[1], '%-(%d+)$')) end
-  end
-  -- A log that ends before this flush's first event would have a gap: a position in it
-  -- would name another event than the client's at that position. Never stored.
-  if data ~= '' and tonumber(ARGV[a + 3]) > have + 1 then return 5 end
-  if ARGV[a + 2] ~= '' then redis.call('SET', record, ARGV[a + 2], 'PX', ttl) end
-  -- Sent again after a write nobody acknowledged: the log may have it already.
-  if data ~= '' and tonumber(ARGV[a + 4]) > have then
-    redis.call('XADD', events, '0-' .. ARGV[a + 4], 'f', ARGV[a + 3], 'd', data)
-  end
-  if string.find(flags, 'e') then
-    redis.call('PEXPIRE', record, ttl)
-    redis.call('PEXPIRE', events, ttl)
-  end
-  redis.call('SET', state, ARGV[a + 7], 'PX', ttl)
-  if ARGV[a + 8] ~= '' then
-    redis.call('SET', lease, ARGV[a + 8], 'PX', ARGV[a + 9])
-  else
-    redis.call('DEL', lease)
-  end
-  if epoch ~= '0' then redis.call('SET', KEYS[k + 6], epoch, 'PX', ttl) end
-  return redis.call('EXISTS', KEYS[k + 5])
-end
-"""
-WRITE_SCRIPT = (
-    PRIMARY_CHECK
-    + _WRITE_RUN
-    + f"""
-if not is_primary(ARGV[#ARGV]) then return redis.error_reply('{NOT_PRIMARY}') end
-local out = {{}}
-for i = 0, #KEYS / 6 - 1 do
-  out[i + 1] = write_run(i * 6, i * 10)
-end
-return out
-"""
-)
-
-# KEYS: state, lease, epoch; ARGV: claim (unique to this claim), lease ms, the primary's
-# replication id (PRIMARY_CHECK). The run's new epoch, or nil when the lease is held or
-# the run is not stored. Idempotent: a claim sent again (its reply was lost, and
-# redis-py retried it) finds its own lease and gets the epoch it raised, instead of
-# losing to itself.
-CLAIM_SCRIPT = (
-    PRIMARY_CHECK
-    + f"""
-if not is_primary(ARGV[3]) then return redis.error_reply('{NOT_PRIMARY}') end
-local held = redis.call('GET', KEYS[2])
-if held == ARGV[1] then return tonumber(redis.call('GET', KEYS[3])) end
-if held or redis.call('EXISTS', KEYS[1]) == 0 then return false end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-local epoch = redis.call('INCR', KEYS[3])
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
-return epoch
-"""
-)
-
-
-def _write_args(f: Flush) -> list[bytes | str | int]:
-    flags = ("r" if f.reset else "") + ("e" if f.expire or f.record is not None else "")
-    return [
-        flags or "-",
-        f.record or b"",
-        f.first_seq,
-        f.last_seq,
-        f.events,
-        int(f.ttl * 1000),
-        f.state,
-        f.lease or "",
-        int(f.lease_ttl * 1000),
-        f.epoch,
-    ]
-
-
-def _keys(run_id: str) -> tuple[str, str, str, str, str, str]:
-    tag = f"rg:{{{run_id}}}:"
-    return (
-        tag + "record",
-        tag + "events",
-        tag + "state",
-        tag + "lease",
-        tag + "watch",
-        tag + "epoch",
-    )
 
 
 class ClusterStateError(ConnectionError):
@@ -189,50 +83,11 @@ def _per_node(infos: Any) -> list[tuple[str, dict[str, Any]]]:
     return list(infos.items())
 
 
-def _per_run(replies: Sequence[Any]) -> list[Applied]:
-    """Each run's script reply, or FAILED for an error; raises if every run failed (the
-    store is down, as on standalone)."""
-    failures = [reply for reply in replies if isinstance(reply, BaseException)]
-    if failures and len(failures) == len(replies):
-        raise failures[0]
-    return [
-        Applied.FAILED if isinstance(reply, BaseException) else Applied(_applied(reply))
-        for reply in replies
-    ]
-
-
-def _applied(reply: Any) -> int:
-    return int(reply[0] if isinstance(reply, list) else reply)
-
-
-def _replicated(replies: Sequence[Any], replicated: bool) -> list[Applied]:
-    """Script replies as ``Applied``; a write no replica acknowledged is UNREPLICATED
-    (a fenced one stays FENCED: nothing was written)."""
-    out = [Applied(_applied(reply)) for reply in replies]
-    if replicated:
-        return out
-    return [a if a is Applied.FENCED else Applied.UNREPLICATED for a in out]
-
-
 async def _reread(cluster: RedisCluster) -> None:
     try:
         await cluster.nodes_manager.initialize()
     except Exception:  # noqa: BLE001 - nobody answers yet: the next failure asks again
         return
-
-
-def _entries(raw: list[Any], after: int) -> list[tuple[int, bytes]]:
-    """The events of log entries after ``after``, each once: an entry sent again after a
-    write nobody acknowledged may repeat events an earlier entry has."""
-    out = []
-    for entry_id, fields in raw:
-        last = int(entry_id.split(b"-")[1])
-        first = int(fields[b"f"])
-        for seq, event in enumerate(split_events(fields[b"d"]), first):
-            if seq > after and seq <= last:
-                out.append((seq, event))
-                after = seq
-    return out
 
 
 class RedisStore:
@@ -324,12 +179,12 @@ class RedisStore:
             replies = await asyncio.gather(
                 *(self._write_run(f) for f in flushes), return_exceptions=True
             )
-            return _per_run(replies)
+            return per_run(replies)
         keys: list[str] = []
         args: list[bytes | str | int] = []
         for f in flushes:
-            keys.extend(_keys(f.run_id))
-            args.extend(_write_args(f))
+            keys.extend(run_keys(f.run_id))
+            args.extend(write_args(f))
         args.append(replicas.replid)  # the primary the sentinels name, checked there
         # The whole batch in one command: redis-py spends ~30 µs per command it
         # packs and parses, so six commands per run would cost more than Redis.
@@ -349,7 +204,7 @@ class RedisStore:
         replicated = replicas.acknowledged(primary, acked, required)
         if not replicated:
             replicas.soon()  # no replica answered: is this node still the primary?
-        return _replicated(replies, replicated)
+        return acknowledged(replies, replicated)
 
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
         """``commands`` on one connection; a failed command's reply is its exception."""
@@ -371,7 +226,7 @@ class RedisStore:
         groups: dict[str, tuple[ClusterNode, list[int]]] = {}
         for i, flush in enumerate(flushes):
             try:
-                node = cluster.get_node_from_key(_keys(flush.run_id)[0])
+                node = cluster.get_node_from_key(run_keys(flush.run_id)[0])
             except Exception:  # noqa: BLE001 - a slot nobody serves now: this run fails alone
                 node = None
             if node is None:
@@ -401,7 +256,7 @@ class RedisStore:
 
         wait = ("WAIT", required, replicas.wait_ms(node.name)) if required else None
         scripts = [
-            ("EVALSHA", self._write_script.sha, 6, *_keys(f.run_id), *_write_args(f), "")
+            ("EVALSHA", self._write_script.sha, 6, *run_keys(f.run_id), *write_args(f), "")
             for f in flushes
         ]
         async with asyncio.timeout(CLUSTER_RUN_TIMEOUT + (replicas.wait_timeout if wait else 0)):
@@ -409,14 +264,14 @@ class RedisStore:
         if any(isinstance(r, MovedError) for r in replies):
             self._reread_slots(self._redis)  # the slots moved (a failover): learn where
         if not required:
-            return _per_run(replies)
+            return per_run(replies)
         if isinstance(acked, Exception):
             raise acked
         replicated = replicas.acknowledged(node.name, acked, required)
         if not replicated:
             replicas.soon()  # no replica answered: has the Cluster failed this node over?
         return [
-            a if a is Applied.FAILED else _replicated([a], replicated)[0] for a in _per_run(replies)
+            a if a is Applied.FAILED else acknowledged([a], replicated)[0] for a in per_run(replies)
         ]
 
     def _reread_all(self) -> None:
@@ -433,7 +288,7 @@ class RedisStore:
         """One run's flush on a Cluster, bounded: a primary that does not answer (a
         blackholed node) fails this run, not the whole batch at the writer's timeout."""
         async with asyncio.timeout(CLUSTER_RUN_TIMEOUT):
-            return await self._write_script(_keys(flush.run_id), [*_write_args(flush), ""])
+            return await self._write_script(run_keys(flush.run_id), [*write_args(flush), ""])
 
     async def _reading(self) -> Any:
         """A pipeline for reads that only the primary may answer: on Sentinel it begins
@@ -460,7 +315,7 @@ class RedisStore:
         return replies
 
     async def load(self, run_id: str) -> Checkpoint | None:
-        record, events, state, *_ = _keys(run_id)
+        record, events, state, *_ = run_keys(run_id)
         pipe = await self._reading()
         pipe.get(record)
         pipe.get(state)
@@ -469,7 +324,7 @@ class RedisStore:
         if raw_record is None or raw_state is None:
             return None
         log: list[bytes] = []
-        for seq, event in _entries(entries, 0):
+        for seq, event in log_entries(entries, 0):
             if seq != len(log) + 1:
                 break  # a gap (a log a release before issue 40 stored): only its prefix
             log.append(event)
@@ -478,12 +333,12 @@ class RedisStore:
     async def read_events(
         self, run_id: str, after: int, block: float = 0
     ) -> list[tuple[int, bytes]]:
-        events = _keys(run_id)[1]
+        events = run_keys(run_id)[1]
         if not self._sentinel:
             if block > 0:
                 reply = await self._redis.xread({events: f"0-{after}"}, block=int(block * 1000))
-                return _entries(reply[0][1] if reply else [], after)
-            return _entries(await self._redis.xrange(events, f"(0-{after}", "+"), after)
+                return log_entries(reply[0][1] if reply else [], after)
+            return log_entries(await self._redis.xrange(events, f"(0-{after}", "+"), after)
         pipe = await self._reading()
         if block > 0:
             pipe.xread({events: f"0-{after}"}, block=int(block * 1000))
@@ -492,20 +347,20 @@ class RedisStore:
         else:
             pipe.xrange(events, f"(0-{after}", "+")
             (raw,) = await self._read(pipe)
-        return _entries(raw, after)
+        return log_entries(raw, after)
 
     async def lease_holder(self, run_id: str) -> str | None:
         if not self._sentinel:
-            holder = await self._redis.get(_keys(run_id)[3])
+            holder = await self._redis.get(run_keys(run_id)[3])
         else:
             pipe = await self._reading()
-            pipe.get(_keys(run_id)[3])
+            pipe.get(run_keys(run_id)[3])
             (holder,) = await self._read(pipe)
         return None if holder is None else bytes(holder).decode()
 
     async def released(self, run_id: str) -> int | None:
         pipe = await self._reading()
-        pipe.get(_keys(run_id)[2])
+        pipe.get(run_keys(run_id)[2])
         (raw,) = await self._read(pipe)
         return None if raw is None else RunState.decode(raw).released()
 
@@ -523,7 +378,7 @@ class RedisStore:
         again, a while: ``Resumes``)."""
         replicas = self._replicas
         await replicas.learn(self._redis, self._reread_all)
-        _, _, state, lease, _, epoch = keys = _keys(run_id)
+        _, _, state, lease, _, epoch = keys = run_keys(run_id)
         node: ClusterNode | None = None
         primary, check = replicas.primary, replicas.replid
         if isinstance(self._redis, RedisCluster):
@@ -570,7 +425,7 @@ class RedisStore:
         return await pipelined(execute, load_script, scripts, wait)
 
     async def watch(self, run_id: str, ttl: float) -> None:
-        await self._redis.set(_keys(run_id)[4], b"1", px=int(ttl * 1000))
+        await self._redis.set(run_keys(run_id)[4], b"1", px=int(ttl * 1000))
 
     async def aclose(self) -> None:
         if self._refresh is not None:

@@ -29,7 +29,8 @@ from redis.crc import key_slot
 
 from gateway.chaos import ChaosUpstream
 from gateway.checkpoint.model import Applied, Flush, RunRecord, RunState
-from gateway.checkpoint.redis import CLAIM_SCRIPT, RedisStore
+from gateway.checkpoint.redis import RedisStore
+from gateway.checkpoint.scripts import CLAIM_SCRIPT
 from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics

@@ -24,7 +24,8 @@ from redis.exceptions import ConnectionError, ResponseError
 
 from gateway.chaos import ChaosUpstream
 from gateway.checkpoint.model import Applied
-from gateway.checkpoint.redis import CLUSTER_RUN_TIMEOUT, NOT_PRIMARY, RedisStore, _keys
+from gateway.checkpoint.redis import CLUSTER_RUN_TIMEOUT, RedisStore
+from gateway.checkpoint.scripts import NOT_PRIMARY, run_keys
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
 from tests.api.streams import MESSAGES, Received, start
@@ -157,7 +158,7 @@ def test_a_claim_no_replica_acknowledged_is_not_a_claim() -> None:
                 assert (await write(store, [run]))[0] == [Applied.WRITTEN]
                 process.send_signal(signal.SIGSTOP)
                 try:
-                    lease = _keys(run.id)[3]
+                    lease = run_keys(run.id)[3]
                     client = redis.Redis.from_url(primary.url)
                     try:
                         client.delete(lease)  # its owner died: nobody holds it
@@ -199,7 +200,9 @@ def test_a_flush_sent_again_is_stored_once() -> None:
                 checkpoint = await store.load(run.id)
                 assert checkpoint is not None and checkpoint.events == run.events
                 assert await store.read_events(run.id, 2) == list(enumerate(run.events[2:], 3))
-                state = orjson.loads(redis.Redis.from_url(server.url).get(_keys(run.id)[2]) or b"")
+                state = orjson.loads(
+                    redis.Redis.from_url(server.url).get(run_keys(run.id)[2]) or b""
+                )
                 assert state["seq"] == 5
             finally:
                 await store.aclose()
