@@ -18,7 +18,8 @@ The same models are served by several providers, each with its own door:
   event stream framing (``application/vnd.amazon.eventstream``), decoded by botocore:
   each ``chunk`` carries one Messages event, base64 in its ``bytes``; an exception
   frame (throttling, a model stream error, service unavailable) becomes the Anthropic
-  ``error`` event it means, so recovery reads it as it reads Anthropic's.
+  ``error`` event it means, so recovery reads it as it reads Anthropic's
+  (``eventstream.py``).
 - ``vertex`` (Claude on Google Vertex AI, Messages): ``streamRawPredict`` at
   ``/projects/{project}/locations/{region}/publishers/anthropic/models/{model}``;
   the body without ``model``, with ``anthropic_version: vertex-2023-10-16``; an
@@ -44,9 +45,7 @@ botocore and google-auth are imported only where such an upstream is configured.
 from __future__ import annotations
 
 import asyncio
-import base64
 import importlib
-import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -56,24 +55,13 @@ import orjson
 
 from gateway.config.schema import ConfigError, Upstream
 from gateway.errors import ANTHROPIC_TYPES, UpstreamFailure
-from gateway.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, RawJSONDecoder, SSEDecoder
+from gateway.upstream.eventstream import EventStreamDecoder
+from gateway.upstream.sse import RawJSONDecoder, SSEDecoder
 
 BEDROCK_VERSION = "bedrock-2023-05-31"
 VERTEX_VERSION = "vertex-2023-10-16"
 EVENTSTREAM = "application/vnd.amazon.eventstream"
 GOOGLE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-FRAME_OVERHEAD = 4096  # a frame's prelude, headers, CRC and the JSON around its base64
-
-# A Bedrock exception frame as the Anthropic error it means (recovery's classify reads
-# the type: overloaded and API errors are transient, an invalid request is not).
-BEDROCK_ERRORS = {
-    "throttlingException": "rate_limit_error",
-    "serviceUnavailableException": "overloaded_error",
-    "internalServerException": "api_error",
-    "modelStreamErrorException": "api_error",
-    "modelTimeoutException": "api_error",
-    "validationException": "invalid_request_error",
-}
 
 
 def _require(upstream: Upstream, module: str, extra: str) -> None:
@@ -383,64 +371,6 @@ class Vertex(_Claude):
 
     async def authorize(self, url: httpx2.URL, headers: dict[str, str], content: bytes) -> None:
         headers["authorization"] = f"Bearer {await self._token()}"
-
-
-class EventStreamDecoder:
-    """AWS event stream frames to the Messages events their chunks carry (botocore's
-    decoder: it checks each frame's lengths and CRCs). A frame still arriving is bounded
-    as an SSE event is, by ``limits.max_event_bytes``, allowing for its event's base64
-    (4/3 of it) and the frame's headers; botocore alone would wait for up to 24 MiB."""
-
-    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
-        from botocore.eventstream import EventStreamBuffer
-
-        self._buffer = EventStreamBuffer()
-        self._max = max_event_bytes * 4 // 3 + FRAME_OVERHEAD
-        self._pending = 0  # bytes fed that no whole frame has consumed yet
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        from botocore.eventstream import ParserError
-
-        self._buffer.add_data(chunk)
-        self._pending += len(chunk)
-        out = []
-        try:
-            for message in self._buffer:
-                self._pending -= message.prelude.total_length
-                payload = _payload(message.headers, message.payload)
-                if payload is not None:
-                    out.append(payload)
-        except (ParserError, struct.error, KeyError, UnicodeDecodeError, ValueError) as exc:
-            # A broken frame (or one botocore cannot read): the stream is broken.
-            raise httpx2.RemoteProtocolError(f"bad AWS event stream frame: {exc!r}") from None
-        if self._pending > self._max:
-            raise EventTooLarge(
-                f"an AWS event stream frame outgrew {self._max} bytes (limits.max_event_bytes)"
-            )
-        return out
-
-
-def _payload(headers: Mapping[str, Any], payload: bytes) -> bytes | None:
-    """One frame's Messages event (or the Anthropic error it means); None for a frame
-    that carries no part of the answer."""
-    kind = headers.get(":message-type")
-    if kind == "event":
-        if headers.get(":event-type") != "chunk":
-            return None
-        try:
-            return base64.b64decode(orjson.loads(payload)["bytes"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            return payload  # not a chunk as documented: malformed
-    name = str(headers.get(":exception-type") or headers.get(":error-code") or "unknown")
-    message = headers.get(":error-message")  # an error frame's; an exception's is its payload
-    if message is None:
-        try:
-            message = orjson.loads(payload).get("message")
-        except (orjson.JSONDecodeError, AttributeError):
-            message = None
-    kind_of = BEDROCK_ERRORS.get(name, "api_error")
-    text = f"{message or 'Bedrock stream error'} ({name})"
-    return orjson.dumps({"type": "error", "error": {"type": kind_of, "message": text}})
 
 
 PROVIDERS: dict[str, type[Provider]] = {

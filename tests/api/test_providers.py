@@ -471,7 +471,7 @@ def test_bedrock_exceptions_are_read_as_the_anthropic_errors_they_mean() -> None
     from gateway.protocols.messages import parse_event
     from gateway.recovery.classify import is_transient_error
     from gateway.recovery.events import InBandError
-    from gateway.upstream.providers import EventStreamDecoder
+    from gateway.upstream.eventstream import EventStreamDecoder
 
     for kind, transient in (
         ("rate_limit_error", True),  # throttlingException
@@ -489,7 +489,7 @@ def test_bedrock_exceptions_are_read_as_the_anthropic_errors_they_mean() -> None
 
 def test_a_bad_frame_is_a_broken_stream_not_a_crash() -> None:
     from gateway.chaos.clouds import chunk_frame
-    from gateway.upstream.providers import EventStreamDecoder
+    from gateway.upstream.eventstream import EventStreamDecoder
 
     frame = bytearray(chunk_frame(b'{"type":"ping"}'))
     frame[-1] ^= 0xFF  # the message CRC no longer matches
@@ -537,7 +537,7 @@ def test_a_stream_cut_before_or_at_its_first_delta_is_answered_by_the_other_prov
 
 def test_a_frame_is_bounded_by_max_event_bytes_while_it_arrives() -> None:
     from gateway.chaos.clouds import chunk_frame
-    from gateway.upstream.providers import FRAME_OVERHEAD, EventStreamDecoder
+    from gateway.upstream.eventstream import FRAME_OVERHEAD, EventStreamDecoder
     from gateway.upstream.sse import EventTooLarge
 
     def bound(max_event_bytes: int) -> int:
