@@ -49,7 +49,7 @@ What an agent sends back on its next turn is checked as the providers check it: 
 must carry the ``encrypted_content`` its response gave (asked for with ``include:
 ["reasoning.encrypted_content"]``), and a ``function_call_output`` must answer a call
 of the same input (``responses.refused_items``). A conversation that ends with tool
-results is a new turn, answered in text (``answer.ends_in_tool_results``): an agent's
+results is a new turn, answered in text (``asked.ends_in_tool_results``): an agent's
 tool loop ends.
 """
 

@@ -328,8 +328,8 @@ def chat_view(contents: list[dict[str, Any]]) -> dict[str, Any]:
     """The conversation as chat messages (``model`` as ``assistant``, a turn of tool results
     as ``tool``, consecutive ``model`` contents as one message), so the continuation rules
     of the other dialects read it: a trailing model turn is a prefill
-    (``messages.messages_prefix``), else prompt mode (``answer.assistant_prefix``,
-    ``answer.anchor_of``); tool results end the turn (``answer.ends_in_tool_results``)."""
+    (``messages.messages_prefix``), else prompt mode (``asked.assistant_prefix``,
+    ``asked.anchor_of``); tool results end the turn (``asked.ends_in_tool_results``)."""
     messages: list[dict[str, Any]] = []
     for content in contents:
         role = content.get("role") or "user"

@@ -17,7 +17,7 @@ are the content deltas: ``thinking_delta``, ``text_delta`` and the non-empty
 ``input_json_delta`` ones.
 
 A continuation is either prompt mode (an assistant message, then a user message
-asking to continue: ``answer.assistant_prefix``) or Anthropic's prefill: a last
+asking to continue: ``asked.assistant_prefix``) or Anthropic's prefill: a last
 message from the assistant, with no flag (``messages_prefix``). A prefill that
 ends in whitespace is refused with a 400, as Anthropic refuses it
 (``prefill_error``). Errors, in the body of an error status or as an in-band
@@ -38,7 +38,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos.answer import Script, assistant_prefix, message_text, resume_at, script_for
+from gateway.chaos.answer import Script, resume_at, script_for
+from gateway.chaos.asked import assistant_prefix, message_text
 from gateway.chaos.render import EventFormat
 from gateway.chaos.spec import ChaosSpec
 from gateway.errors import ANTHROPIC_TYPES

@@ -40,17 +40,12 @@ from typing import Any, NamedTuple
 import orjson
 
 from gateway.chaos import background, clouds, gemini, gemini_stream, messages, render, responses
-from gateway.chaos.answer import (
-    Script,
+from gateway.chaos.answer import Script, attempt_deltas, chat_plan, echo_of, legacy_plan, script_for
+from gateway.chaos.asked import (
     anchor_of,
     assistant_prefix,
-    attempt_deltas,
-    chat_plan,
-    echo_of,
     ends_in_prefill,
     ends_in_tool_results,
-    legacy_plan,
-    script_for,
     turns,
 )
 from gateway.chaos.faults import (

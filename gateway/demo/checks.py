@@ -14,7 +14,7 @@ from gateway.chaos import (
     RecordedRequest,
     gemini,
 )
-from gateway.chaos.answer import find_prefix
+from gateway.chaos.asked import find_prefix
 from gateway.chaos.messages import messages_prefix
 from gateway.demo.client import Received
 from gateway.metrics import Metrics

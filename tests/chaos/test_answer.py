@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.chaos import expected_answer, parse_spec
-from gateway.chaos.answer import chat_plan, echo_of, find_prefix, script_for
+from gateway.chaos.answer import chat_plan, echo_of, script_for
+from gateway.chaos.asked import find_prefix
 from gateway.chaos.faults import break_stream, fault_cut
 from gateway.chaos.render import DONE, IN_BAND_ERRORS, MALFORMED
 
@@ -163,7 +164,7 @@ def test_in_band_errors_have_the_documented_shape() -> None:
 
 
 def test_an_answer_after_tool_results_is_answered_in_text_when_continued_too() -> None:
-    from gateway.chaos.answer import ends_in_tool_results
+    from gateway.chaos.asked import ends_in_tool_results
 
     asked = [
         {"role": "user", "content": "Look it up."},

@@ -44,16 +44,8 @@ import h2.exceptions
 import orjson
 
 from gateway.chaos import render
-from gateway.chaos.answer import (
-    anchor_of,
-    assistant_prefix,
-    attempt_deltas,
-    chat_plan,
-    echo_of,
-    ends_in_prefill,
-    find_prefix,
-    script_for,
-)
+from gateway.chaos.answer import attempt_deltas, chat_plan, echo_of, script_for
+from gateway.chaos.asked import anchor_of, assistant_prefix, ends_in_prefill, find_prefix
 from gateway.chaos.faults import break_stream, fault_cut, reset
 from gateway.chaos.spec import (
     HTTP2_FAULTS,

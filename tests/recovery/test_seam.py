@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gateway.chaos.answer import anchor_of
+from gateway.chaos.asked import anchor_of
 from gateway.chaos.spec import parse_spec
 from gateway.config.schema import Continuation
 from gateway.protocols.chat_splice import Splicer
