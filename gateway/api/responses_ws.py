@@ -35,6 +35,10 @@ disconnected HTTP client's does, checkpointed, and can be re-attached over HTTP
 (``GET /v1/responses/{id}?stream=true``). Codex itself does not re-attach: it sends
 the turn again on a new socket, which knows no earlier response, so under
 ``store: false`` it gets ``previous_response_not_found`` and sends its whole input.
+
+Past 450 lines on purpose: ``Socket`` is one conversation's state (the context kept,
+the response running, the bounds) whose steps (a message, a create, a warm-up, a run
+relayed) share it; the wire is ``websocket.py``'s and the run is the engine's already.
 """
 
 from __future__ import annotations

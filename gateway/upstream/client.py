@@ -3,6 +3,13 @@
 
 Errors from httpx2 are translated here (``map_open_errors``) into the gateway's own
 errors, so handlers never see a transport exception before the stream starts.
+
+Past 450 lines on purpose: ``UpstreamClient`` is every request to an upstream (a
+stream opened, read again or cancelled, a passthrough, a model list) and what it
+learned of each (a refused prefill or background response, a continuation mode), and
+all of them share its pool, credentials, URLs and error mapping; what a provider's door
+is (``providers.py``), how it is reached (``reach.py``) and the wire (``transport.py``)
+are apart.
 """
 
 from __future__ import annotations
