@@ -21,13 +21,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
-from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk, Event
 from gateway.recovery.plan import Plan, Position, Sent
 from gateway.recovery.seam import SeamRule
-from gateway.upstream.continuation import ContinuationRequest, continuation_request
+from gateway.upstream.continuation import ContinuationRequest, Continuing, continuation_request
 
 
 class ClientStream(Protocol):
@@ -151,22 +150,16 @@ class Adapter(ABC):
         return body
 
     def continuation(
-        self,
-        body: dict[str, Any],
-        capability: Continuation,
-        sent: RunAccumulator,
-        prompt: str,
-        *,
-        anchored: bool,
+        self, body: dict[str, Any], sent: RunAccumulator, how: Continuing
     ) -> ContinuationRequest | None:
-        """The request that continues the text the client was ``sent`` (None: the
-        upstream cannot)."""
+        """The request that continues the text the client was ``sent``, as the leg
+        continues (``how``), or None: the upstream cannot."""
         return continuation_request(
             self.for_continuation(body),
-            capability,
+            how.mode,
             sent.text,
-            prompt,
-            anchored=anchored,
+            how.prompt,
+            anchored=how.anchored,
             turns=self.turns,
         )
 

@@ -43,7 +43,7 @@ from gateway.protocols.gemini_items import SIGNATURE, GeminiAccumulator
 from gateway.protocols.gemini_splice import GeminiSplicer, error_object
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import Chunk, Event, InBandError, Malformed, decode
-from gateway.upstream.continuation import ContinuationRequest, continuation_request
+from gateway.upstream.continuation import ContinuationRequest, Continuing, continuation_request
 
 _ERROR = b'{"error"'
 _FINISH = b'"finishReason"'
@@ -162,17 +162,11 @@ class GeminiAdapter(Adapter):
         return body | {"model": model, "stream": True}
 
     def continuation(
-        self,
-        body: dict[str, Any],
-        capability: Continuation,
-        sent: RunAccumulator,
-        prompt: str,
-        *,
-        anchored: bool,
+        self, body: dict[str, Any], sent: RunAccumulator, how: Continuing
     ) -> ContinuationRequest | None:
         assert isinstance(sent, GeminiAccumulator)
-        mode: Continuation = capability if capability in ("prompt", "none") else "prefill"
-        generic = continuation_request({}, mode, sent.text, prompt, anchored=anchored)
+        mode: Continuation = how.mode if how.mode in ("prompt", "none") else "prefill"
+        generic = continuation_request({}, mode, sent.text, how.prompt, anchored=how.anchored)
         if generic is None:
             return None
         assistant, *asked = generic.body["messages"]

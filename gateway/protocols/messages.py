@@ -31,14 +31,13 @@ from typing import Any
 
 import orjson
 
-from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
 from gateway.protocols.messages_items import THINKING, MessagesAccumulator
 from gateway.protocols.messages_splice import MESSAGE_STOP, PING, MessagesSplicer, error_event
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
-from gateway.upstream.continuation import ContinuationRequest, continuation_request
+from gateway.upstream.continuation import ContinuationRequest, Continuing, continuation_request
 
 _DELTA_FIELDS = ("text", "thinking", "partial_json")
 
@@ -132,18 +131,13 @@ class MessagesAdapter(Adapter):
         return body | {"model": model, "stream": True}
 
     def continuation(
-        self,
-        body: dict[str, Any],
-        capability: Continuation,
-        sent: RunAccumulator,
-        prompt: str,
-        *,
-        anchored: bool,
+        self, body: dict[str, Any], sent: RunAccumulator, how: Continuing
     ) -> ContinuationRequest | None:
         thinking = thinking_on(body)
-        if thinking and capability != "none":
-            capability = "prompt"  # Anthropic takes no assistant prefill with thinking on
-        continued = continuation_request(body, capability, sent.text, prompt, anchored=anchored)
+        mode = how.mode
+        if thinking and mode != "none":
+            mode = "prompt"  # Anthropic takes no assistant prefill with thinking on
+        continued = continuation_request(body, mode, sent.text, how.prompt, anchored=how.anchored)
         if continued is None or not thinking or not isinstance(sent, MessagesAccumulator):
             return continued
         # The assistant turn as the client has it: its signed thinking, then the text.

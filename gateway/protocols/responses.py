@@ -32,14 +32,13 @@ from typing import Any
 
 import orjson
 
-from gateway.config.schema import Continuation
 from gateway.errors import GatewayError
 from gateway.protocols.base import Adapter
 from gateway.protocols.responses_items import ResponsesAccumulator
 from gateway.protocols.responses_splice import TEXT_DELTAS, ResponsesSplicer, frame
 from gateway.recovery.accumulator import RunAccumulator
 from gateway.recovery.events import DONE, Chunk, Event, InBandError, Malformed, decode
-from gateway.upstream.continuation import ContinuationRequest
+from gateway.upstream.continuation import ContinuationRequest, Continuing
 
 # -- decoding ---------------------------------------------------------------------------
 
@@ -187,15 +186,9 @@ class ResponsesAdapter(Adapter):
         return for_continuation(body)
 
     def continuation(
-        self,
-        body: dict[str, Any],
-        capability: Continuation,
-        sent: RunAccumulator,
-        prompt: str,
-        *,
-        anchored: bool,
+        self, body: dict[str, Any], sent: RunAccumulator, how: Continuing
     ) -> ContinuationRequest | None:
-        continued = super().continuation(body, capability, sent, prompt, anchored=anchored)
+        continued = super().continuation(body, sent, how)
         return None if continued is None else typed_continuation(body, continued)
 
     def assemble(self, accumulator: RunAccumulator) -> dict[str, Any]:

@@ -28,6 +28,16 @@ REPLAY = SeamRule(None, restart=True, verify=True)
 
 
 @dataclass(frozen=True, slots=True)
+class Continuing:
+    """How a leg continues an answer: its mode (learned, or refused: prompt), and its
+    route's continuation prompt and whether that quotes an anchor."""
+
+    mode: Continuation
+    prompt: str
+    anchored: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class ContinuationRequest:
     body: dict[str, Any]
     seam: SeamRule | None

@@ -14,6 +14,7 @@ from gateway.protocols.gemini_splice import GeminiSplicer
 from gateway.recovery.events import Chunk, InBandError
 from gateway.recovery.plan import Plan, plan_recovery
 from gateway.recovery.seam import SeamRule
+from gateway.upstream.continuation import Continuing
 from gateway.upstream.sse import RawJSONDecoder
 
 
@@ -163,7 +164,7 @@ def test_a_continuation_sends_signatures_back_only_to_the_provider_that_made_the
         {"text": "there  "},
     ]
     body = {"contents": [{"role": "user", "parts": [{"text": "Hi"}]}]}
-    continued = GEMINI.continuation(body, "prompt", sent, "Go on.", anchored=False)
+    continued = GEMINI.continuation(body, sent, Continuing("prompt", "Go on.", anchored=False))
     assert continued is not None and not continued.prefill
     roles = [turn["role"] for turn in continued.body["contents"]]
     assert roles == ["user", "model", "user"]

@@ -15,6 +15,7 @@ from gateway.protocols.responses_splice import ResponsesSplicer, frame
 from gateway.recovery.events import Chunk, InBandError
 from gateway.recovery.plan import Plan, plan_recovery
 from gateway.recovery.seam import SeamRule
+from gateway.upstream.continuation import Continuing
 from tests.protocols.named import events
 
 
@@ -749,7 +750,7 @@ def test_a_continuations_input_items_are_typed_messages() -> None:
         ("prefill", ["assistant"]),
     ]
     for mode, roles in modes:
-        continued = RESPONSES.continuation(body, mode, sent, "Go on.", anchored=True)
+        continued = RESPONSES.continuation(body, sent, Continuing(mode, "Go on."))
         assert continued is not None
         items = continued.body["input"]
         assert items[0] is asked and [i["role"] for i in items[1:]] == roles

@@ -11,6 +11,7 @@ from __future__ import annotations
 from gateway.recovery.plan import Plan
 from gateway.runs.strategies.base import Ask, Need, Strategy
 from gateway.runs.strategies.replay import VerifiedReplay
+from gateway.upstream.continuation import Continuing
 
 
 class ContinueText(Strategy):
@@ -24,13 +25,8 @@ class ContinueText(Strategy):
             # one that does as asked, is another (the model was asked something else).
             return VerifiedReplay().ask(need)
         route = need.route
-        continued = need.adapter.continuation(
-            need.body,
-            need.mode,
-            need.sent,
-            route.continuation_prompt,
-            anchored=route.continuation_anchor,
-        )
+        how = Continuing(need.mode, route.continuation_prompt, route.continuation_anchor)
+        continued = need.adapter.continuation(need.body, need.sent, how)
         if continued is None:
             return None
         body = continued.body
