@@ -29,7 +29,7 @@ import bisect
 import functools
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -203,8 +203,45 @@ def _script(text: int, reasoning: int, tools: int, arg_deltas: int, seed: int) -
     )
 
 
-def script_for(spec: ChaosSpec) -> Script:
-    return _script(spec.text, spec.reasoning, spec.tools, spec.arg_deltas, spec.seed)
+# What an answer is a function of: (text, reasoning, tools, arg_deltas, seed).
+ScriptKey = tuple[int, int, int, int, int]
+
+
+def script_key(spec: ChaosSpec) -> ScriptKey:
+    """``spec``'s answer, as the key a door's cache of its encoded deltas takes."""
+    return (spec.text, spec.reasoning, spec.tools, spec.arg_deltas, spec.seed)
+
+
+def script_for(spec: ChaosSpec | ScriptKey) -> Script:
+    return _script(*(spec if isinstance(spec, tuple) else script_key(spec)))
+
+
+class Encoded(NamedTuple):
+    """A script's deltas as one door writes them, each encoded once."""
+
+    reasoning: tuple[bytes, ...]
+    text: tuple[bytes, ...]
+    fragments: tuple[tuple[bytes, ...], ...]  # per tool call (none: a door sends calls whole)
+
+
+def encoded(
+    script: Script,
+    *,
+    reasoning: Callable[[str], bytes],
+    text: Callable[[str], bytes],
+    fragment: Callable[[str], bytes] | None = None,
+) -> Encoded:
+    """``script``'s reasoning and text deltas and its tool calls' argument fragments, each
+    encoded by the door's encoder. A door caches the result per ``ScriptKey``: sending a
+    delta is then a concatenation, never a JSON encoding (the module's docstring)."""
+    fragments: tuple[tuple[bytes, ...], ...] = ()
+    if fragment is not None:
+        fragments = tuple(tuple(map(fragment, parts)) for parts in script.tool_fragments)
+    return Encoded(
+        tuple(map(reasoning, script.reasoning_deltas)),
+        tuple(map(text, script.text_deltas)),
+        fragments,
+    )
 
 
 def expected_answer(spec: ChaosSpec | str) -> Answer:

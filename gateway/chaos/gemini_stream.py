@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from gateway.chaos import gemini
-from gateway.chaos.answer import Script, resume_at, script_for
+from gateway.chaos.answer import Script, ScriptKey, encoded, resume_at, script_for, script_key
 from gateway.chaos.faults import Ending
 from gateway.chaos.render import EventFormat
 from gateway.chaos.spec import LINE_ENDINGS, ChaosSpec
@@ -64,30 +64,24 @@ def _text_part(text: str) -> bytes:
     return b'{"text":' + orjson.dumps(text) + b"}"
 
 
+def _thought_part(text: str) -> bytes:
+    return b'{"text":' + orjson.dumps(text) + b',"thought":true}'
+
+
 @functools.lru_cache(maxsize=256)
-def _gemini_script(spec: tuple[int, int, int, int, int]) -> GeminiScript:
-    text, reasoning, tools, arg_deltas, seed = spec
-    script = script_for(
-        ChaosSpec(text=text, reasoning=reasoning, tools=tools, arg_deltas=arg_deltas, seed=seed)
+def _gemini_script(key: ScriptKey) -> GeminiScript:
+    script = script_for(key)
+    thoughts, text, _ = encoded(script, reasoning=_thought_part, text=_text_part)
+    calls = tuple(
+        {"functionCall": {"name": call.name, "args": orjson.loads(call.arguments)}}
+        for call in script.tool_calls
     )
-    return GeminiScript(
-        script=script,
-        reasoning="".join(script.reasoning_deltas),
-        thought_parts=tuple(
-            b'{"text":' + orjson.dumps(delta) + b',"thought":true}'
-            for delta in script.reasoning_deltas
-        ),
-        text_parts=tuple(_text_part(delta) for delta in script.text_deltas),
-        calls=tuple(
-            {"functionCall": {"name": call.name, "args": orjson.loads(call.arguments)}}
-            for call in script.tool_calls
-        ),
-    )
+    return GeminiScript(script, "".join(script.reasoning_deltas), thoughts, text, calls)
 
 
 def gemini_script(spec: ChaosSpec) -> GeminiScript:
     """The answer of ``spec`` (``script_for``) with its Gemini parts pre-encoded."""
-    return _gemini_script((spec.text, spec.reasoning, spec.tools, spec.arg_deltas, spec.seed))
+    return _gemini_script(script_key(spec))
 
 
 def response_id() -> str:

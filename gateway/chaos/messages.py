@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos.answer import Script, resume_at, script_for
+from gateway.chaos.answer import Script, ScriptKey, encoded, resume_at, script_for, script_key
 from gateway.chaos.asked import assistant_prefix, message_text
 from gateway.chaos.render import EventFormat
 from gateway.chaos.spec import ChaosSpec
@@ -230,27 +230,16 @@ def _json_tail(fragment: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=256)
-def _messages_script(spec: tuple[int, int, int, int, int]) -> MessagesScript:
-    text, reasoning, tools, arg_deltas, seed = spec
-    script = script_for(
-        ChaosSpec(text=text, reasoning=reasoning, tools=tools, arg_deltas=arg_deltas, seed=seed)
-    )
-    return MessagesScript(
-        script=script,
-        reasoning="".join(script.reasoning_deltas),
-        thinking_tails=tuple(_thinking_tail(delta) for delta in script.reasoning_deltas),
-        text_tails=tuple(_text_tail(delta) for delta in script.text_deltas),
-        fragment_tails=tuple(
-            tuple(_json_tail(fragment) for fragment in fragments)
-            for fragments in script.tool_fragments
-        ),
-        inputs=tuple(orjson.loads(call.arguments) for call in script.tool_calls),
-    )
+def _messages_script(key: ScriptKey) -> MessagesScript:
+    script = script_for(key)
+    tails = encoded(script, reasoning=_thinking_tail, text=_text_tail, fragment=_json_tail)
+    inputs = tuple(orjson.loads(call.arguments) for call in script.tool_calls)
+    return MessagesScript(script, "".join(script.reasoning_deltas), *tails, inputs)
 
 
 def messages_script(spec: ChaosSpec) -> MessagesScript:
     """The answer of ``spec`` (``script_for``) with its Messages delta events pre-encoded."""
-    return _messages_script((spec.text, spec.reasoning, spec.tools, spec.arg_deltas, spec.seed))
+    return _messages_script(script_key(spec))
 
 
 def message_object(

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.chaos.answer import Script, resume_at, script_for
+from gateway.chaos.answer import Script, ScriptKey, encoded, resume_at, script_for, script_key
 from gateway.chaos.render import EventFormat
 from gateway.chaos.spec import ChaosSpec
 
@@ -131,26 +131,15 @@ def _delta_tail(delta: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=256)
-def _responses_script(spec: tuple[int, int, int, int, int]) -> ResponsesScript:
-    text, reasoning, tools, arg_deltas, seed = spec
-    script = script_for(
-        ChaosSpec(text=text, reasoning=reasoning, tools=tools, arg_deltas=arg_deltas, seed=seed)
-    )
-    return ResponsesScript(
-        script=script,
-        reasoning="".join(script.reasoning_deltas),
-        reasoning_tails=tuple(_delta_tail(delta) for delta in script.reasoning_deltas),
-        text_tails=tuple(_text_tail(delta) for delta in script.text_deltas),
-        fragment_tails=tuple(
-            tuple(_delta_tail(fragment) for fragment in fragments)
-            for fragments in script.tool_fragments
-        ),
-    )
+def _responses_script(key: ScriptKey) -> ResponsesScript:
+    script = script_for(key)
+    tails = encoded(script, reasoning=_delta_tail, text=_text_tail, fragment=_delta_tail)
+    return ResponsesScript(script, "".join(script.reasoning_deltas), *tails)
 
 
 def responses_script(spec: ChaosSpec) -> ResponsesScript:
     """The answer of ``spec`` (``script_for``) with its Responses delta events pre-encoded."""
-    return _responses_script((spec.text, spec.reasoning, spec.tools, spec.arg_deltas, spec.seed))
+    return _responses_script(script_key(spec))
 
 
 def _rest(fields: dict[str, Any]) -> bytes:
