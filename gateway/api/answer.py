@@ -15,7 +15,7 @@ from starlette.types import Receive
 
 from gateway.api.fields import apply_fallbacks, without_gateway_fields
 from gateway.api.passthrough import upstream_error_response
-from gateway.api.runs import RunStream, disconnected, errors_apart, resume_stream
+from gateway.api.runs import RunStream, disconnected, resume_stream
 from gateway.context import Gateway, gateway_of
 from gateway.errors import GatewayError, UpstreamFailure
 from gateway.inbound import (
@@ -153,9 +153,7 @@ async def answer(request: Request, asked: Asked) -> Response:
                 # Relayed by its own task: the run outlives this connection (detach).
                 local = gateway.runs.adopt(run, credential(request))
             body = local.attach(0, ids=False)
-            if asked.adapter.error_pause:
-                body = errors_apart(body, asked.adapter)
-            return RunStream(body, _answer_headers(upstreams, headers))
+            return RunStream(body, _answer_headers(upstreams, headers), asked.adapter)
         assembled = await _complete(run, request.receive)
     except UpstreamHTTPError as exc:
         # The upstream's own 4xx/5xx before any stream: passed through unchanged, but

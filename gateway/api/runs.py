@@ -47,15 +47,22 @@ class RunStream(Response):
     that waits for the disconnect. Here that wait is one asyncio task whose end
     cancels the sender. Leaving closes the body at once, which detaches the
     follower from its run (the run goes on, for a reconnect to find).
+
+    ``adapter``: the run's protocol, where its final error is written on its own,
+    ``error_pause`` after the events before it (Gemini's JS SDK raises only on an error
+    it reads alone): checked in the send loop, not by one more generator per chunk.
     """
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, body: AsyncIterator[bytes], headers: Mapping[str, str], adapter: Adapter | None = None
+    ) -> None:
         self.body_iterator = body
         self.status_code = 200
         self.background = None
         self.init_headers(STREAM_HEADERS | dict(headers))
+        self._apart = adapter if adapter is not None and adapter.error_pause else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sender = asyncio.current_task()
@@ -71,7 +78,9 @@ class RunStream(Response):
         body = self.body_iterator
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            if type(send) is ObservedSend:  # each chunk noted here, sent with one call less
+            if self._apart is not None:
+                await _errors_apart(body, send, self._apart)
+            elif type(send) is ObservedSend:  # each chunk noted here, sent with one call less
                 raw, sent = send.raw, send.sent
                 async for chunk in body:
                     sent(len(chunk))
@@ -167,24 +176,24 @@ async def resume_stream(request: Request, gateway: Gateway, run_id: str) -> Resp
         if after or not raw:
             raise
         return Fresh(raw, exc)
-    if body is not None and speaks_gemini(request):
-        body = errors_apart(body, GEMINI)
-    return RunStream(body if body is not None else no_events(), {"x-run-id": run_id})
+    adapter = GEMINI if speaks_gemini(request) else None
+    return RunStream(body if body is not None else no_events(), {"x-run-id": run_id}, adapter)
 
 
-async def errors_apart(body: AsyncIterator[bytes], adapter: Adapter) -> AsyncIterator[bytes]:
-    """``body``, with a final error event written on its own, ``adapter.error_pause``
-    after the events before it (Gemini's JS SDK raises only on an error it reads alone)."""
+async def _errors_apart(body: AsyncIterator[bytes], send: Send, adapter: Adapter) -> None:
+    """Send ``body``, a final error event on its own, ``adapter.error_pause`` after the
+    events before it (``RunStream``)."""
     async for chunk in body:
         head, _, last = chunk[:-2].rpartition(b"\n\n")
         error = last + b"\n\n"
         if adapter.is_terminal(error) and not adapter.succeeded(error):
             if head:
-                yield head + b"\n\n"
+                await send(
+                    {"type": "http.response.body", "body": head + b"\n\n", "more_body": True}
+                )
             await asyncio.sleep(adapter.error_pause)
-            yield error
-        else:
-            yield chunk
+            chunk = error
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
 
 async def no_events() -> AsyncIterator[bytes]:
