@@ -15,7 +15,8 @@ event. ``Background`` is what a run knows of them, and asks:
 - the responses nobody will read are cancelled: one left generating when the usual plans
   take over (``leave``), and the open one when the run is abandoned (``abandon``: its
   client gone past the detach grace, stopped, bounded out, drained), unless another
-  replica holds the run now (``moved``).
+  replica holds the run now (``moved``) or the client asked for a background response
+  itself.
 """
 
 from __future__ import annotations
@@ -118,9 +119,11 @@ class Background:
 
     async def abandon(self, leg: ResolvedLeg, splicer: ClientStream) -> None:
         """The run stops before its answer's end: the open leg's response is cancelled
-        (within ``CANCEL_TIMEOUT``; never raises), unless the run moved."""
+        (within ``CANCEL_TIMEOUT``; never raises), unless the run moved, or the client
+        asked for a background response itself (it may read it later, from the
+        provider)."""
         position = splicer.resumable()
-        if position is not None and not self.moved:
+        if position is not None and not self.moved and not self._client_asked:
             with contextlib.suppress(Exception):
                 await self._cancel(leg, position.response)
 

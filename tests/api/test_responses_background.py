@@ -261,3 +261,19 @@ def test_cuts_at_random_positions_arrive_as_the_unbroken_answer_with_one_generat
         assert comparable(streamed.events) == comparable(unbroken.events), model
         assert streamed.final.usage.output_tokens == unbroken.final.usage.output_tokens
         assert len(posts(chaos, model)) == 1, model
+
+
+def test_a_clients_own_background_response_is_not_cancelled_when_it_leaves(
+    chaos: ChaosUpstream,
+) -> None:
+    """A client that asked for ``background: true`` itself may read the response later,
+    from the provider: its run abandoned, the response goes on."""
+    with running_gateway(config(chaos, state={"detach_grace": 0.1}, **BACKGROUND)) as gateway:
+        model = "chaos:text=60,seed=56,pace_ms=20"
+        body = {"model": model, "input": "x", "stream": True, "background": True}
+        with httpx2.stream("POST", gateway.base_url + "/responses", json=body) as response:
+            lines = response.iter_lines()
+            created = next(line for line in lines if line.startswith("data: "))
+        response_id = orjson.loads(created[6:])["response"]["id"]
+        assert wait_for(lambda: chaos.backgrounds.status(response_id) == "completed", 10)
+        assert gateway.metrics.upstream_cancels.labels("chaos", "cancelled")._value.get() == 0
