@@ -297,7 +297,8 @@ async def chaos_row(
     TTFT, ``msg`` then chat, is measured against ``direct`` (to the chaos upstream).
     ``done`` holds the chat seam workload's results, for the summary.
     """
-    ours = [direct] + [t for t in targets if t.name in GATEWAYS[:3]]
+    # With --against, REV's gateway too: a protocol's row before and after, side by side.
+    ours = [direct] + [t for t in targets if t.name in (*GATEWAYS[:3], "baseline")]
     gateways = ours[1:]
     chat, n = workloads.CHAT, p[f"{msg}_streams"]
     paced = workloads.chaos_model(workloads.CHUNKS, workloads.PACE_MS)
@@ -464,13 +465,14 @@ def chat_targets(results: dict[str, Any], check: Check) -> None:
 
 def against_notes(results: dict[str, Any], rev: str) -> list[str]:
     """The default gateway next to the same config at ``rev``, measured in the same run."""
-    ours, theirs = results["ttft"].get("memory", {}), results["ttft"].get("baseline", {})
+    ttft = results.get("ttft", {})  # absent when --only leaves chat out
+    ours, theirs = ttft.get("memory", {}), ttft.get("baseline", {})
     notes = [
         f"Against {rev} (same config, same run): added TTFT p50 "
         f"{ours.get('added_p50', 0):+.2f} ms vs {theirs.get('added_p50', 0):+.2f} ms, "
         f"p99 {ours.get('added_p99', 0):+.2f} vs {theirs.get('added_p99', 0):+.2f} ms."
     ]
-    for n, row in results["concurrency"].get("memory", {}).items():
+    for n, row in results.get("concurrency", {}).get("memory", {}).items():
         base = results["concurrency"].get("baseline", {}).get(n)
         if not base or int(n) < 128:
             continue
