@@ -51,32 +51,7 @@ TEXT_DELTAS = frozenset(
 _REASONING_DELTAS = frozenset(
     {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
 )
-# Events of an output item: OpenAI's carry its ``output_index``. Some servers' do not
-# (llama.cpp's ``llama-server`` sends no ``output_index``, ``content_index`` nor
-# ``sequence_number``): such an event is placed by its ``item_id``, else in the item added
-# last (``ResponsesSplicer._placed_by_id``). An event with an ``item_id`` is one too.
-ITEM_EVENTS = frozenset(
-    {
-        "response.output_item.added",
-        "response.output_item.done",
-        "response.content_part.added",
-        "response.content_part.done",
-        "response.output_text.delta",
-        "response.output_text.done",
-        "response.output_text.annotation.added",
-        "response.refusal.delta",
-        "response.refusal.done",
-        "response.function_call_arguments.delta",
-        "response.function_call_arguments.done",
-        "response.reasoning_summary_part.added",
-        "response.reasoning_summary_part.done",
-        "response.reasoning_summary_text.delta",
-        "response.reasoning_summary_text.done",
-        "response.reasoning_text.delta",
-        "response.reasoning_text.done",
-    }
-)
-# The item events that name a content part (``content_index``).
+# The events of an output item that name a content part (``content_index``).
 _CONTENT_EVENTS = frozenset(
     {
         "response.content_part.added",
@@ -90,6 +65,20 @@ _CONTENT_EVENTS = frozenset(
         "response.reasoning_text.done",
     }
 )
+# Events of an output item: OpenAI's carry its ``output_index``. Some servers' do not
+# (llama.cpp's ``llama-server`` sends no ``output_index``, ``content_index`` nor
+# ``sequence_number``): such an event is placed by its ``item_id``, else in the item added
+# last (``ResponsesSplicer._placed_by_id``). An event with an ``item_id`` is one too.
+ITEM_EVENTS = _CONTENT_EVENTS | {
+    "response.output_item.added",
+    "response.output_item.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.reasoning_summary_part.added",
+    "response.reasoning_summary_part.done",
+    "response.reasoning_summary_text.delta",
+    "response.reasoning_summary_text.done",
+}
 # Events of a message item that the gateway renders itself from the client's text.
 _MESSAGE_DONE = frozenset(
     {"response.output_text.done", "response.content_part.done", "response.output_item.done"}
