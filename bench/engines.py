@@ -55,10 +55,9 @@ from bench.procs import (
     machine,
     pinned,
     spawned,
-    tree,
     wait_ready,
 )
-from bench.workloads import MS, PACE_MS, Roles, Sweep, Target
+from bench.workloads import MS, PACE_MS, Roles, Sweep, Target, gateway_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).with_name("resumable-gateway")
@@ -494,11 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = [str(BIN), "serve", "--config", str(config), "--port", str(ports[engine])]
             proxies[engine] = start(engine, [*argv, "--log-level", "warning"], proxy_cpu_set)
         wait_ready(bench, http_ok(f"http://127.0.0.1:{ports['bench']}/v1/models"), "bench upstream")
-        for name, proc in proxies.items():
-            probe = http_ok(f"http://127.0.0.1:{ports[name]}/readyz")
-            wait_ready(proc, probe, name, timeout=120, log=logs / f"{name}.log")
-        targets = [Target("direct", ports["bench"])]
-        targets += [Target(name, ports[name], tree(proc.pid)) for name, proc in proxies.items()]
+        targets = gateway_targets(ports["bench"], proxies, ports, logs, timeout=120)
         roles = PreciseRoles(
             upstream=[bench.pid],
             redis=[],

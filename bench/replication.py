@@ -35,9 +35,9 @@ import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import workloads
-from bench.procs import free_ports, http_ok, pinned, redis_ok, spawned, tree, wait_ready
+from bench.procs import free_ports, http_ok, pinned, redis_ok, spawned, wait_ready
 from bench.starts import CONFIG
-from bench.workloads import Roles, Target
+from bench.workloads import Roles, gateway_targets
 
 TARGETS = ("direct", "sync", "replicated")
 STATE = """state:
@@ -108,11 +108,7 @@ def measure(levels: list[int], rounds: int) -> tuple[dict[str, Any], dict[str, f
             argv += ["--port", str(ports[name]), "--log-level", "warning"]
             proxies[name] = start(name, argv, "1")
         wait_ready(upstream, http_ok(f"http://127.0.0.1:{ports['upstream']}/v1/models"), "upstream")
-        for name, proc in proxies.items():
-            probe = http_ok(f"http://127.0.0.1:{ports[name]}/readyz")
-            wait_ready(proc, probe, name, timeout=60, log=logs / f"{name}.log")
-        targets = [Target("direct", ports["upstream"])]
-        targets += [Target(name, ports[name], tree(proc.pid)) for name, proc in proxies.items()]
+        targets = gateway_targets(ports["upstream"], proxies, ports, logs, timeout=60)
         roles = Roles(
             upstream=[upstream.pid],
             redis=[proc.pid for proc in redis.values()],

@@ -213,16 +213,29 @@ def _targets(results: Results) -> list[str]:
     return ["### Targets", "", *_table(["name", "target", "measured", "met"], rows, left=3)]
 
 
+# The columns of one stream's TTFT and of the seam, for chat and for each protocol's row.
+TTFT: tuple[tuple[str, Cell], ...] = (
+    ("n", _col("n", COUNT)),
+    ("p50", _col("p50", MS)),
+    ("p99", _col("p99", MS)),
+    ("added p50", _col("added_p50", SIGNED_MS)),
+    ("added p99", _col("added_p99", SIGNED_MS)),
+    ("errors", _col("errors", COUNT)),
+)
+SEAM: tuple[tuple[str, Cell], ...] = (
+    ("n", _col("n", COUNT)),
+    ("seam p50", _col("p50", MS)),
+    ("seam p99", _col("p99", MS)),
+    ("new leg TTFT p50", _col("leg_ttft_p50", MS)),
+    ("p99", _col("leg_ttft_p99", MS)),
+    ("seam − leg TTFT p50", _col("excess_p50", SIGNED_MS)),
+    ("p99", _col("excess_p99", SIGNED_MS)),
+    ("errors", _col("errors", COUNT)),
+)
+
+
 def _ttft(results: Results) -> list[str]:
-    columns = [
-        ("n", _col("n", COUNT)),
-        ("p50", _col("p50", MS)),
-        ("p99", _col("p99", MS)),
-        ("added p50", _col("added_p50", SIGNED_MS)),
-        ("added p99", _col("added_p99", SIGNED_MS)),
-        ("errors", _col("errors", COUNT)),
-    ]
-    return ["### One stream: time to first token", "", *_config_table(results, "ttft", columns)]
+    return ["### One stream: time to first token", "", *_config_table(results, "ttft", TTFT)]
 
 
 def _concurrency(results: Results) -> list[str]:
@@ -263,23 +276,13 @@ def _nonstream(results: Results) -> list[str]:
 
 
 def _seam(results: Results) -> list[str]:
-    columns = [
-        ("n", _col("n", COUNT)),
-        ("seam p50", _col("p50", MS)),
-        ("seam p99", _col("p99", MS)),
-        ("new leg TTFT p50", _col("leg_ttft_p50", MS)),
-        ("p99", _col("leg_ttft_p99", MS)),
-        ("seam − leg TTFT p50", _col("excess_p50", SIGNED_MS)),
-        ("p99", _col("excess_p99", SIGNED_MS)),
-        ("errors", _col("errors", COUNT)),
-    ]
     return [
         "### Seam latency",
         "",
         "From an upstream fault to the first spliced delta, next to the upstream's own TTFT "
         "for the continuation request measured directly.",
         "",
-        *_config_table(results, "seam", columns),
+        *_config_table(results, "seam", SEAM),
     ]
 
 
@@ -395,34 +398,10 @@ def _protocol_row(
         *_table(["protocol", "config", *(h for h, _ in columns)], rows, left=2),
         f"#### {name}: one stream, time to first token",
         "",
-        *_config_table(
-            view,
-            "ttft",
-            [
-                ("n", _col("n", COUNT)),
-                ("p50", _col("p50", MS)),
-                ("p99", _col("p99", MS)),
-                ("added p50", _col("added_p50", SIGNED_MS)),
-                ("added p99", _col("added_p99", SIGNED_MS)),
-                ("errors", _col("errors", COUNT)),
-            ],
-        ),
+        *_config_table(view, "ttft", TTFT),
         f"#### {name}: seam latency",
         "",
-        *_config_table(
-            view,
-            "seam",
-            [
-                ("n", _col("n", COUNT)),
-                ("seam p50", _col("p50", MS)),
-                ("seam p99", _col("p99", MS)),
-                ("new leg TTFT p50", _col("leg_ttft_p50", MS)),
-                ("p99", _col("leg_ttft_p99", MS)),
-                ("seam − leg TTFT p50", _col("excess_p50", SIGNED_MS)),
-                ("p99", _col("excess_p99", SIGNED_MS)),
-                ("errors", _col("errors", COUNT)),
-            ],
-        ),
+        *_config_table(view, "seam", SEAM),
     ]
 
 

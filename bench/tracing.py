@@ -39,9 +39,9 @@ import httpx2
 import orjson
 
 from bench import workloads
-from bench.procs import free_ports, http_ok, pinned, spawned, tree, wait_ready
+from bench.procs import free_ports, http_ok, pinned, spawned, wait_ready
 from bench.starts import CONFIG
-from bench.workloads import Roles, Target
+from bench.workloads import Roles, gateway_targets
 
 SAMPLERS = {
     "sampled": {
@@ -132,11 +132,7 @@ def measure(levels: list[int], rounds: int) -> tuple[dict[str, Any], dict[str, i
             proxies[name] = start(name, argv, "1", env)
         wait_ready(upstream, http_ok(f"http://127.0.0.1:{ports['upstream']}/v1/models"), "upstream")
         wait_ready(collector, http_ok(f"http://127.0.0.1:{ports['sink']}/spans"), "sink")
-        for name, proc in proxies.items():
-            probe = http_ok(f"http://127.0.0.1:{ports[name]}/readyz")
-            wait_ready(proc, probe, name, timeout=60, log=logs / f"{name}.log")
-        targets = [Target("direct", ports["upstream"])]
-        targets += [Target(name, ports[name], tree(proc.pid)) for name, proc in proxies.items()]
+        targets = gateway_targets(ports["upstream"], proxies, ports, logs, timeout=60)
         roles = Roles(
             upstream=[upstream.pid],
             redis=[],

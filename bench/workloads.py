@@ -20,16 +20,18 @@ import contextlib
 import gc
 import os
 import statistics
+import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 import uvloop
 
 from bench.client import Connection, Result
-from bench.procs import cpu_seconds, machine_busy, memory_kb
+from bench.procs import cpu_seconds, http_ok, machine_busy, memory_kb, tree, wait_ready
 from gateway.chaos import expected_answer
 
 CHUNKS, PACE_MS = 64, 20  # the concurrent-streams workload
@@ -70,6 +72,22 @@ class Target:
     def pool(self) -> list[Connection]:
         """Every connection it has opened, whatever the protocol."""
         return [c for pool in self.pools.values() for c in pool]
+
+
+def gateway_targets(
+    upstream: int,
+    gateways: Mapping[str, subprocess.Popen[bytes]],
+    ports: Mapping[str, int],
+    logs: Path,
+    timeout: float,
+) -> list[Target]:
+    """``direct`` (the upstream's port) and each of ``gateways`` once its /readyz answers
+    (``SystemExit`` with the end of ``logs/NAME.log`` if it does not within ``timeout``)."""
+    for name, proc in gateways.items():
+        probe = http_ok(f"http://127.0.0.1:{ports[name]}/readyz")
+        wait_ready(proc, probe, name, timeout=timeout, log=logs / f"{name}.log")
+    targets = [Target("direct", upstream)]
+    return targets + [Target(name, ports[name], tree(proc.pid)) for name, proc in gateways.items()]
 
 
 @dataclass

@@ -22,7 +22,14 @@ import orjson
 import pytest
 
 from gateway.chaos import expected_answer, parse_spec
-from probes.soak.check import STREAM_FAULTS, Received, classify, is_subsequence, random_spec
+from probes.soak.check import (
+    DEFECTS,
+    STREAM_FAULTS,
+    Received,
+    classify,
+    is_subsequence,
+    random_spec,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "chaos:text=30,seed=7,usage=1"
@@ -171,16 +178,7 @@ def test_short_soak_with_redis_and_a_replica_killed_has_only_exact_answers(
     # the soak starts its replicas with --workers 1, or nothing would have broken.)
     assert report["resumes"]["after_kill"] > 0, summary
     assert sum(counts[k] for k in ("exact", "tools_cut", "error")) == 60, summary
-    for defect in (
-        "lost",
-        "duplicated",
-        "silently_wrong",
-        "missing_usage",
-        "broken_tool_json",
-        "contract",
-        "timed_out",
-        "not_run",
-    ):
+    for defect in (*DEFECTS, "not_run"):
         assert counts[defect] == 0, (defect, summary)
     # Every fault is within the retry budget (times <= 2, three attempts per leg), so
     # an error end is a defect here too, and tool calls cut short are the exception.

@@ -28,6 +28,8 @@ from typing import Generic, Self, TypeVar
 
 import orjson
 
+from tests import raw_upstream
+
 SAMPLE_S = 0.05
 
 # -- /proc --------------------------------------------------------------------------------
@@ -128,9 +130,10 @@ class Meter:
 
 
 @dataclass
-class RawRequest:
-    head: bytes
-    body: bytes
+class RawRequest(raw_upstream.RawRequest):
+    """A request as the tests' raw upstream records it (``head``, ``body``, ``headers``),
+    and what became of its response."""
+
     started: float  # time.monotonic() when the request was read
     sent: int = 0  # response bytes written
     ended: float | None = None  # when the script ended or the gateway hung up
@@ -146,12 +149,6 @@ class RawRequest:
         return parts[1] if len(parts) > 1 else ""
 
     @property
-    def headers(self) -> dict[str, str]:
-        lines = self.head.decode("latin-1").split("\r\n")[1:]
-        pairs = (line.partition(":") for line in lines if line)
-        return {name.strip().lower(): value.strip() for name, _, value in pairs}
-
-    @property
     def json(self) -> object:
         try:
             return orjson.loads(self.body) if self.body else None
@@ -163,22 +160,8 @@ Script = Callable[[RawRequest], Iterable[bytes]]
 
 
 def _read_request(conn: socket.socket) -> RawRequest | None:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        part = conn.recv(65536)
-        if not part:
-            return None
-        data += part
-    head, _, body = data.partition(b"\r\n\r\n")
-    request = RawRequest(head, b"", time.monotonic())
-    length = int(request.headers.get("content-length", "0") or 0)
-    while len(body) < length:
-        part = conn.recv(65536)
-        if not part:
-            return None
-        body += part
-    request.body = body
-    return request
+    read = raw_upstream._read_request(conn)
+    return None if read is None else RawRequest(read.head, read.body, time.monotonic())
 
 
 Record = TypeVar("Record")

@@ -66,19 +66,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import openai
 from openai import AsyncOpenAI
 
-from bench.procs import free_ports, http_ok, machine, write_report
+from bench.procs import free_ports, machine, write_report
 from gateway.chaos import parse_spec
 from probes.nemesis import topology as topo
 from probes.nemesis.proxy import ReplicaProxy
-from probes.soak.__main__ import MESSAGES, Process, describe, status_error
-from probes.soak.check import Received, SpecChoices, classify, random_spec, spec_fault
+from probes.processes import Process, chaos_upstream, gateway_replica
+from probes.soak.check import SpecChoices, classify, random_spec, spec_fault
+from probes.stream import ResumingStream, gateway_client
 from tests.redis_cluster import port_of
 from tests.redis_server import RedisServer
 
-BIN = Path(sys.executable).with_name("resumable-gateway")
 ROOT = Path(__file__).resolve().parent.parent.parent
 CREDENTIAL = "sk-nemesis"
 REPLICAS = ("A", "B", "C")
@@ -292,18 +291,18 @@ class Nemesis:
             await self.judge(stream, rng)
 
     async def judge(self, stream: Stream, rng: random.Random) -> None:
-        received = Received()
+        resumable = ResumingStream(stream.spec)
         loop = asyncio.get_running_loop()
         started = loop.time()
         hung = False
         try:
             async with asyncio.timeout(self.args.stream_timeout):
-                stream.error = await self.drive(stream, received, rng)
+                stream.error = await self.drive(stream, resumable, rng)
         except TimeoutError:
             hung = True
         stream.seconds = round(loop.time() - started, 3)
-        stream.chunks = received.chunks
-        verdict = classify(stream.spec, received, stream.error, hung)
+        stream.run_id, stream.chunks = resumable.run_id, resumable.received.chunks
+        verdict = classify(stream.spec, resumable.received, stream.error, hung)
         stream.defects, stream.notes = verdict.defects, verdict.notes
         stream.outcome = category(verdict.outcome, verdict.defects)
         if stream.outcome == "error" and stream.error:
@@ -320,63 +319,35 @@ class Nemesis:
         others = [r for r in alive if r is not avoid]
         return rng.choice(others or alive or self.replicas)
 
-    async def drive(self, stream: Stream, received: Received, rng: random.Random) -> str | None:
+    async def drive(
+        self, stream: Stream, resumable: ResumingStream, rng: random.Random
+    ) -> str | None:
         """Read the stream to its end, dropping and resuming; the error it ended with."""
         avoid: Replica | None = None
         refused = 0
         while len(stream.legs) < MAX_LEGS:
             replica = self.pick(rng, avoid)
-            headers = {}
-            if stream.run_id is not None:
-                headers = {"x-run-id": stream.run_id, "x-resume-from": str(received.chunks)}
-            leg = Leg(replica.name, "resume" if headers else "start", received.chunks, self.now())
+            kind = "resume" if resumable.resuming else "start"
+            leg = Leg(replica.name, kind, resumable.received.chunks, self.now())
             stream.legs.append(leg)
-            try:
-                raw = await replica.client.chat.completions.with_raw_response.create(
-                    model=stream.spec,
-                    messages=MESSAGES,
-                    stream=True,
-                    stream_options={"include_usage": True},
-                    extra_headers=headers,
-                )
-                stream.run_id = stream.run_id or raw.headers.get("x-run-id")
-                dropped = False
-                async with raw.parse() as chunks:
-                    async for chunk in chunks:
-                        received.feed(chunk)
-                        if stream.drops and received.chunks >= stream.drops[0]:
-                            stream.drops.pop(0)
-                            dropped = True
-                            break
-                if dropped:
-                    leg.end = "client dropped"
-                    avoid = None
-                    await asyncio.sleep(rng.uniform(0, 0.5))
-                    continue
-                leg.end = "done"
+            end = await resumable.connect(replica.client, drops=stream.drops)
+            leg.end = end.text
+            if end.kind == "done":
                 return None
-            except openai.APIConnectionError as exc:  # a read timeout too
-                leg.end = "connection: " + describe(exc)
+            if end.kind == "dropped":
+                avoid = None
+                await asyncio.sleep(rng.uniform(0, 0.5))
+            elif end.kind == "connection":  # a read timeout too
                 avoid = replica
                 await asyncio.sleep(0.1)
-            except openai.APIStatusError as exc:
-                leg.end = status_error(exc)
-                retryable = exc.status_code in (502, 503, 504)
-                if retryable and refused < RETRIES_503:
-                    refused += 1
-                    avoid = replica
-                    await asyncio.sleep(RETRY_503_S)
-                    continue
-                return leg.end
-            except openai.APIError as exc:  # an in-band error event
-                leg.end = f"error event: {exc.code or ''} {exc.message}".replace("  ", " ")
-                if exc.code == "run_moved" and stream.run_id is not None:
-                    avoid = replica  # its message says: resume (the new owner answers)
-                    continue
-                return leg.end
-            except Exception as exc:  # noqa: BLE001 - the client's own failure, reported
-                leg.end = f"client exception: {type(exc).__name__}: {str(exc)[:200]}"
-                return leg.end
+            elif end.kind == "status" and end.status in (502, 503, 504) and refused < RETRIES_503:
+                refused += 1
+                avoid = replica
+                await asyncio.sleep(RETRY_503_S)
+            elif end.kind == "error_event" and end.code == "run_moved" and resumable.resuming:
+                avoid = replica  # its message says: resume (the new owner answers)
+            else:
+                return end.text
         return f"gave up after {len(stream.legs)} connections"
 
     async def watch_roles(self) -> None:
@@ -621,29 +592,15 @@ async def run(args: argparse.Namespace, out: Path, logs: Path) -> dict[str, Any]
             await proxy.start()
         try:
             chaos_port, *ports = free_ports(1 + len(REPLICAS))
-            chaos = Process(
-                "chaos-upstream",
-                [str(BIN), "chaos-upstream", "--port", str(chaos_port)],
-                http_ok(f"http://127.0.0.1:{chaos_port}/v1/models"),
-                logs,
-                stack,
-            )
+            chaos = chaos_upstream(chaos_port, logs, stack)
             replicas = []
             for name, port, proxy in zip(REPLICAS, ports, proxies, strict=True):
                 config = logs / f"gateway-{name}.yaml"
                 url = topology.url(proxy.port)
                 config.write_text(CONFIG.format(chaos=chaos_port, url=url, lease=args.lease_ttl))
-                argv = [str(BIN), "serve", "--config", str(config), "--port", str(port)]
-                argv += ["--workers", "1", "--log-level", args.gateway_log_level]
-                process = Process(
-                    f"gateway-{name}", argv, http_ok(f"http://127.0.0.1:{port}/readyz"), logs, stack
-                )
-                client = AsyncOpenAI(
-                    base_url=f"http://127.0.0.1:{port}/v1",
-                    api_key=CREDENTIAL,
-                    max_retries=0,
-                    timeout=args.read_timeout,
-                )
+                level = args.gateway_log_level
+                process = gateway_replica(name, config, port, level, logs, stack)
+                client = gateway_client(port, CREDENTIAL, args.read_timeout)
                 replicas.append(Replica(name, port, process, proxy, client))
             everything = [chaos, *(r.process for r in replicas)]
             for process in everything:

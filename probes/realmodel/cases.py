@@ -38,6 +38,7 @@ from anthropic.types import (
     RawMessageStopEvent,
     TextDelta,
 )
+from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import (
     ResponseCompletedEvent,
     ResponseErrorEvent,
@@ -94,7 +95,7 @@ def ask(
     most ``max_tokens`` tokens of answer. Raises on an explicit failure."""
     root = url.rstrip("/").removesuffix("/v1")
     if door == "chat":
-        return _chat(root, prompt, max_tokens, model, timeout)
+        return _chat(root, [{"role": "user", "content": prompt}], max_tokens, model, timeout)
     if door == "responses":
         return _responses(root, prompt, max_tokens, model, timeout)
     if door == "messages":
@@ -120,23 +121,11 @@ def continued(url: str, prompt: str, prefix: str, max_tokens: int) -> str:
     message (a literal prefill, chat API): the rest of the answer, if the server itself
     continues exactly."""
     root = url.rstrip("/").removesuffix("/v1")
-    deltas: list[str] = []
-    with _openai(root, TIMEOUT) as client:
-        stream = client.chat.completions.create(
-            model=MODEL,
-            messages=[
-                {"role": "user", "content": prompt},
-                {"role": "assistant", "content": prefix},
-            ],
-            max_tokens=max_tokens,
-            temperature=0,
-            seed=SEED,
-            stream=True,
-        )
-        with stream:
-            for chunk in stream:
-                deltas += [choice.delta.content or "" for choice in chunk.choices]
-    return "".join(deltas)
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": prefix},
+    ]
+    return _chat(root, messages, max_tokens, MODEL, TIMEOUT).text
 
 
 def server_drifts(url: str, prompt: str, truth: Answer, events: int) -> bool:
@@ -177,13 +166,19 @@ def _openai(root: str, timeout: float) -> openai.OpenAI:
     )
 
 
-def _chat(root: str, prompt: str, max_tokens: int, model: str, timeout: float) -> Answer:
+def _chat(
+    root: str,
+    messages: list[ChatCompletionMessageParam],
+    max_tokens: int,
+    model: str,
+    timeout: float,
+) -> Answer:
     deltas: list[str] = []
     finish: str | None = None
     with _openai(root, timeout) as client:
         stream = client.chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": prompt}],
+            messages=messages,
             max_tokens=max_tokens,
             temperature=0,
             seed=SEED,

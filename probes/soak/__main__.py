@@ -3,11 +3,11 @@
     .venv/bin/python -m probes.soak                       # 1000 streams, concurrency 16
     .venv/bin/python -m probes.soak --streams 60 --concurrency 8 --out /tmp/soak
 
-It starts its own processes (``bench.procs``): a redis-server on a free port,
+It starts its own processes (``probes.processes``): a redis-server on a free port,
 the chaos upstream (``resumable-gateway chaos-upstream``) and two gateway
 replicas (``resumable-gateway serve``) sharing that Redis. Then it runs
 ``--streams`` streams, ``--concurrency`` at a time, through the official openai
-SDK (``AsyncOpenAI``, ``stream=True``, ``include_usage``), each with its own
+SDK (``probes.stream``: ``AsyncOpenAI``, ``stream=True``, ``include_usage``), each with its own
 random chaos spec (``probes.soak.check.random_spec``): a text of 5-120 deltas,
 sometimes tool calls and reasoning, a fault (reset, close, stall, error,
 error_done, finish_error, no_finish, malformed) at a random delta, once or twice
@@ -41,49 +41,41 @@ import asyncio
 import collections
 import contextlib
 import itertools
-import os
 import random
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx2
-import openai
 from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import (
     commit,
     free_ports,
-    http_ok,
     machine,
     redis_ok,
-    spawned,
-    wait_ready,
     write_report,
 )
+from probes.processes import Process, chaos_upstream, gateway_replica
 from probes.soak.check import (
     ACCEPTABLE,
     DEFECTS,
     OUTCOMES,
-    Received,
     classify,
     random_spec,
     spec_fault,
 )
+from probes.stream import ResumingStream, gateway_client
 
-BIN = Path(sys.executable).with_name("resumable-gateway")
 CREDENTIAL = "sk-soak"
-MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
 MAX_BREAKS = 6  # per stream: connections that may break before the client gives up
 STORE_DOWN_RETRY_S = 0.25  # a resume answered 503 (the store is down) is tried again after this
 STORE_DOWN_RETRIES = 40  # ... this many times at most
@@ -197,38 +189,6 @@ def specs(args: argparse.Namespace) -> list[str]:
 
 
 @dataclass
-class Process:
-    """A child the soak may SIGKILL and start again, on the same port, with the same args."""
-
-    name: str
-    argv: list[str]
-    probe: Callable[[], bool]
-    logs: Path
-    stack: contextlib.ExitStack
-    popen: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    @property
-    def log(self) -> Path:
-        return self.logs / (
-            f"{self.name}.log" if self.starts <= 1 else f"{self.name}.{self.starts}.log"
-        )
-
-    def spawn(self) -> None:
-        self.starts += 1
-        self.popen = self.stack.enter_context(spawned(self.argv, log=self.log))
-
-    def ready(self, timeout: float = 60) -> None:
-        assert self.popen is not None
-        wait_ready(self.popen, self.probe, self.name, timeout=timeout, log=self.log)
-
-    def kill(self) -> None:
-        assert self.popen is not None
-        os.kill(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(10)
-
-
-@dataclass
 class Replica:
     name: str
     port: int
@@ -276,19 +236,6 @@ class StreamRecord:
         return any(
             leg.end.startswith("connection:") and not leg.replica_killed for leg in self.legs
         )
-
-
-def describe(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    inner = f" ({type(cause).__name__}: {str(cause)[:120]})" if cause is not None else ""
-    return f"{type(exc).__name__}{inner}"
-
-
-def status_error(exc: openai.APIStatusError) -> str:
-    body = exc.body if isinstance(exc.body, dict) else {}
-    error = body.get("error", body)
-    code = error.get("code") if isinstance(error, dict) else None
-    return f"HTTP {exc.status_code} {code or ''}".strip()
 
 
 class Soak:
@@ -340,18 +287,18 @@ class Soak:
 
     async def stream(self, index: int, spec: str) -> StreamRecord:
         record = StreamRecord(index, spec, spec_fault(spec))
-        received = Received()
+        resumable = ResumingStream(spec)
         loop = asyncio.get_running_loop()
         started = loop.time()
         timed_out = False
         try:
             async with asyncio.timeout(self.args.stream_timeout):
-                record.error = await self.drive(record, received)
+                record.error = await self.drive(record, resumable)
         except TimeoutError:
             timed_out = True
         record.seconds = round(loop.time() - started, 3)
-        record.chunks = received.chunks
-        verdict = classify(spec, received, record.error, timed_out)
+        record.run_id, record.chunks = resumable.run_id, resumable.received.chunks
+        verdict = classify(spec, resumable.received, record.error, timed_out)
         record.outcome, record.defects, record.notes = (
             verdict.outcome,
             verdict.defects,
@@ -359,51 +306,31 @@ class Soak:
         )
         return record
 
-    async def drive(self, record: StreamRecord, received: Received) -> str | None:
+    async def drive(self, record: StreamRecord, resumable: ResumingStream) -> str | None:
         """Read the stream to its end, resuming after breaks; the error it ended with, if any."""
         previous: Replica | None = None
         breaks = unavailable = 0
         while breaks <= MAX_BREAKS:
             replica = await self.pick(avoid=previous)
             generation = replica.generation
-            headers = {}
-            if record.run_id is not None:
-                headers = {"x-run-id": record.run_id, "x-resume-from": str(received.chunks)}
-            leg = Leg(replica.name, "resume" if headers else "start", received.chunks)
+            resuming = resumable.resuming
+            leg = Leg(replica.name, "resume" if resuming else "start", resumable.received.chunks)
             record.legs.append(leg)
             replica.streams += 1
             try:
-                raw = await replica.client.chat.completions.with_raw_response.create(
-                    model=record.spec,
-                    messages=MESSAGES,
-                    stream=True,
-                    stream_options={"include_usage": True},
-                    extra_headers=headers,
-                )
-                record.run_id = record.run_id or raw.headers.get("x-run-id")
-                async with raw.parse() as chunks:
-                    async for chunk in chunks:
-                        received.feed(chunk)
-                leg.end = "done"
-                return None
-            except openai.APIConnectionError as exc:  # also a read timeout
-                leg.end = "connection: " + describe(exc)
-                leg.replica_killed = replica.generation != generation
-                previous = replica
-                breaks += 1
-            except openai.APIStatusError as exc:
-                leg.end = status_error(exc)
-                unavailable += 1
-                if exc.status_code == 503 and headers and unavailable < STORE_DOWN_RETRIES:
-                    await asyncio.sleep(STORE_DOWN_RETRY_S)  # the store is down: later
+                end = await resumable.connect(replica.client)
+                leg.end = end.text
+                if end.kind == "connection":
+                    leg.replica_killed = replica.generation != generation
+                    previous = replica
+                    breaks += 1
                     continue
-                return leg.end
-            except openai.APIError as exc:  # an in-band error event
-                leg.end = f"error event: {exc.code or ''} {exc.message}".replace("  ", " ")
-                return leg.end
-            except Exception as exc:  # noqa: BLE001 - the client's own failure, reported
-                leg.end = f"client exception: {type(exc).__name__}: {str(exc)[:200]}"
-                return leg.end
+                if end.kind == "status":
+                    unavailable += 1
+                    if end.status == 503 and resuming and unavailable < STORE_DOWN_RETRIES:
+                        await asyncio.sleep(STORE_DOWN_RETRY_S)  # the store is down: later
+                        continue
+                return None if end.kind == "done" else end.text
             finally:
                 replica.streams -= 1
         return f"gave up after {breaks} broken connections"
@@ -639,13 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             logs,
             stack,
         )
-        chaos = Process(
-            "chaos-upstream",
-            [str(BIN), "chaos-upstream", "--port", str(chaos_port)],
-            http_ok(f"http://127.0.0.1:{chaos_port}/v1/models"),
-            logs,
-            stack,
-        )
+        chaos = chaos_upstream(chaos_port, logs, stack)
         config = logs / "gateway.yaml"
         config.write_text(
             CONFIG.format(
@@ -654,23 +575,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         replicas = []
         for name, port in zip(REPLICAS, ports, strict=True):
-            # One worker, as a pod runs: with Redis, serve would start one per CPU, and a
-            # SIGKILLed parent leaves its workers serving (the replica would not die).
-            argv = [str(BIN), "serve", "--config", str(config), "--port", str(port)]
-            argv += ["--workers", "1"]
-            process = Process(
-                f"gateway-{name}",
-                [*argv, "--log-level", args.gateway_log_level],
-                http_ok(f"http://127.0.0.1:{port}/readyz"),
-                logs,
-                stack,
-            )
-            client = AsyncOpenAI(
-                base_url=f"http://127.0.0.1:{port}/v1",
-                api_key=CREDENTIAL,
-                max_retries=0,
-                timeout=args.read_timeout,
-            )
+            process = gateway_replica(name, config, port, args.gateway_log_level, logs, stack)
+            client = gateway_client(port, CREDENTIAL, args.read_timeout)
             replicas.append(Replica(name, port, process, client))
         everything = [redis, chaos, *(r.process for r in replicas)]
         # Everything spawned before any probe: a probe's outgoing connection takes an
