@@ -1,23 +1,33 @@
 """A scripted upstream on a raw socket: for bytes and headers the chaos upstream does not send.
 
 Each request gets one response, written as the script yields it, then the
-connection closes (the body ends with it: no framing to get right). What each
-request sent, and how many response bytes went out before the gateway hung up,
-are recorded.
+connection closes (the body ends with it: no framing to get right), or, where the
+script yields ``RESET``, is reset. What each request sent, and how many response
+bytes went out before the gateway hung up, are recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import struct
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-Script = Callable[[int, "RawRequest"], Iterable[bytes]]
+
+class Reset:
+    """Yielded by a script: wait until the gateway has every byte written, then drop the
+    connection with a TCP reset (SO_LINGER 0, then close) instead of closing it."""
+
+
+RESET = Reset()
+Script = Callable[[int, "RawRequest"], Iterable[bytes | Reset]]
 
 
 @dataclass
@@ -82,13 +92,30 @@ def _read_request(conn: socket.socket) -> RawRequest | None:
             return None
         data += part
     head, _, body = data.partition(b"\r\n\r\n")
-    length = int(RawRequest(head, b"").headers.get("content-length", "0"))
+    length = int(RawRequest(head, b"").headers.get("content-length", "0") or 0)
     while len(body) < length:
         part = conn.recv(65536)
         if not part:
             return None
         body += part
     return RawRequest(head, body)
+
+
+def _flushed(conn: socket.socket) -> None:
+    """Wait (bounded) until the peer has acknowledged every byte written: a RST drops
+    what is still queued."""
+    if sys.platform != "linux":
+        time.sleep(0.1)
+        return
+    import fcntl
+    import termios
+
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        queued = fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+        if struct.unpack("i", queued)[0] == 0:
+            return
+        time.sleep(0.002)
 
 
 @contextlib.contextmanager
@@ -109,6 +136,12 @@ def running_raw_upstream(script: Script) -> Iterator[RawUpstream]:
                 upstream.sent.append(0)
             try:
                 for part in script(index, request):
+                    if isinstance(part, Reset):
+                        _flushed(conn)
+                        conn.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
+                        return
                     conn.sendall(part)
                     upstream.sent[index] += len(part)
             except OSError:

@@ -41,6 +41,19 @@ def gateway_config(upstream_url: str, **overrides: Any) -> GatewayConfig:
     return parse_config(data, "test config")
 
 
+FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
+
+
+def recovering_config(upstream_url: str, **overrides: Any) -> GatewayConfig:
+    """``gateway_config`` for recovery tests: the catch-all route retries at once
+    (``FAST_RETRY``) and a stall shows in half a second. A ``route`` or ``upstream``
+    override is merged into these."""
+    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY} | overrides.pop("route", {})
+    upstream = {"timeouts": {"connect": 2, "first_byte": 3, "idle": 0.5}}
+    upstream |= overrides.pop("upstream", {})
+    return gateway_config(upstream_url, upstream=upstream, routes=[route], **overrides)
+
+
 @dataclass
 class RunningGateway:
     url: str  # http://127.0.0.1:PORT

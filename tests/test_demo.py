@@ -265,16 +265,26 @@ def test_the_responses_check_bites() -> None:
         assert responses_differences(expected, responses_received(expected, **changes)), changes
 
 
-def test_the_responses_scene_is_skipped_without_the_openai_package(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sys.modules, "openai", None)  # import openai raises ImportError
-    (scene,) = [s for s in SCENARIOS if s.api == RESPONSES]
+def report_without(monkeypatch: pytest.MonkeyPatch, package: str, scene: Scenario) -> str:
+    """The quick demo's report of ``scene`` where ``import package`` raises ImportError."""
+    monkeypatch.setitem(sys.modules, package, None)
     out = io.StringIO()
     assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
-    report = out.getvalue()
-    assert "skipped   the openai package is not installed" in report
-    assert "streams broke" not in report and "1 skipped: the openai package" in report
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("api", "needs", "package"),
+    [(RESPONSES, "", "openai"), (MESSAGES, "", "anthropic"), (MESSAGES, "botocore", "botocore")],
+    ids=["responses-without-openai", "messages-without-anthropic", "bedrock-without-botocore"],
+)
+def test_a_scene_is_skipped_without_the_package_it_needs(
+    monkeypatch: pytest.MonkeyPatch, api: str, needs: str, package: str
+) -> None:
+    (scene,) = [s for s in SCENARIOS if s.api == api and s.needs == needs]
+    report = report_without(monkeypatch, package, scene)
+    assert f"skipped   the {package} package is not installed" in report
+    assert "streams broke" not in report and f"1 skipped: the {package} package" in report
 
 
 def messages_received(expected: Answer, **changes: object) -> Received:
@@ -326,28 +336,6 @@ def test_the_messages_check_bites() -> None:
     ]
     for changes in variants:
         assert messages_differences(expected, messages_received(expected, **changes)), changes
-
-
-def test_the_messages_scene_is_skipped_without_the_anthropic_package(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sys.modules, "anthropic", None)  # import anthropic raises ImportError
-    (scene,) = [s for s in SCENARIOS if s.api == MESSAGES and not s.needs]
-    out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
-    report = out.getvalue()
-    assert "skipped   the anthropic package is not installed" in report
-    assert "streams broke" not in report and "1 skipped: the anthropic package" in report
-
-
-def test_the_bedrock_scene_is_skipped_without_botocore(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "botocore", None)  # import botocore raises ImportError
-    (scene,) = [s for s in SCENARIOS if s.needs == "botocore"]
-    out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
-    report = out.getvalue()
-    assert "skipped   the botocore package is not installed" in report
-    assert "streams broke" not in report and "1 skipped: the botocore package" in report
 
 
 def gemini_received(expected: Answer, **changes: object) -> Received:
@@ -411,11 +399,8 @@ def test_the_gemini_check_bites() -> None:
 def test_the_gemini_scene_is_skipped_without_the_google_genai_package(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "google.genai", None)  # import google.genai raises
     (scene,) = [s for s in SCENARIOS if s.api == GEMINI]
-    out = io.StringIO()
-    assert run_demo(quick=True, out=out, scenarios=(scene,), real_model=False) == 0
-    report = out.getvalue()
+    report = report_without(monkeypatch, "google.genai", scene)
     assert (
         "skipped   the google-genai package is not installed (scripts/install --demo, or pip "
         "install google-genai)" in " ".join(report.split("\n               "))

@@ -22,11 +22,10 @@ import orjson
 import pytest
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.servers import RunningGateway, recovering_config, running_gateway
 
 CHECK = Path(__file__).resolve().parent.parent / "scripts" / "vercel-ai-check"
 NODE, NPM = shutil.which("node"), shutil.which("npm")
-FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 # times=1 faults only the first request carrying the exact spec, and the chaos
 # upstream is the session's: one spec per call, used by no other test.
 STREAM_SPEC = "chaos:text=40,seed=51,fault=reset,at=12,times=1"
@@ -72,10 +71,7 @@ def node_modules() -> None:
 
 @pytest.fixture
 def recovering(chaos: ChaosUpstream) -> Iterator[RunningGateway]:
-    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY}
-    upstream = {"timeouts": {"connect": 2, "first_byte": 3, "idle": 0.5}}
-    config = gateway_config(chaos.base_url, upstream=upstream, routes=[route])
-    with running_gateway(config) as running:
+    with running_gateway(recovering_config(chaos.base_url)) as running:
         yield running
 
 

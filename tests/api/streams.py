@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 from openai import OpenAI, Stream
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
@@ -93,6 +94,28 @@ def resume(client: OpenAI, model: str, run_id: str, into: Received) -> Received:
         model=model, messages=MESSAGES, stream=True, extra_headers=headers
     ) as stream:
         return receive(stream, into)
+
+
+def calls_of(model: str, count: int | None = None) -> list[tuple[str, str, str]]:
+    """The first ``count`` (or all) tool calls of ``model``'s answer: (id, name, arguments)."""
+    calls = [(c.id, c.name, c.arguments) for c in expected_answer(model).tool_calls]
+    return calls[:count] if count is not None else calls
+
+
+def first_raw_events(
+    http: httpx2.Client, url: str, body: dict[str, Any], headers: dict[str, str], count: int
+) -> tuple[str, bytes, int]:
+    """POST a stream and hang up once ``count`` whole events have come: the run id, the
+    whole events' bytes, and how many there are (the rest of the last one is lost)."""
+    with http.stream("POST", url, json=body, headers=headers) as response:
+        run_id = response.headers["x-run-id"]
+        raw = b""
+        for part in response.iter_raw():
+            raw += part
+            if raw.count(b"\n\n") >= count:
+                break
+    received = raw.split(b"\n\n")[:-1]
+    return run_id, b"".join(event + b"\n\n" for event in received), len(received)
 
 
 def assert_whole_text_answer(received: Received, model: str) -> None:

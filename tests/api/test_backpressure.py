@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.raw_upstream import RawRequest, chat_chunk, running_raw_upstream, sse_head
-from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
+from tests.servers import gateway_config, running_gateway, wait_for
 
 DELTA = "x" * 4000
 DELTAS = 8000  # 32 MB of content, as fast as the sockets take it
@@ -27,9 +27,9 @@ def fast_large_answer(index: int, request: RawRequest) -> Iterable[bytes]:
     yield chat_chunk(finish="stop") + b"data: [DONE]\n\n"
 
 
-def stream_request(gateway: RunningGateway) -> socket.socket:
-    """A raw connection with a small receive buffer that asked for a stream."""
-    host, port = gateway.url.removeprefix("http://").split(":")
+def stream_request(url: str) -> socket.socket:
+    """A raw connection with a small receive buffer that asked ``url`` for a stream."""
+    host, port = url.removeprefix("http://").split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     sock.connect((host, int(port)))
@@ -45,7 +45,7 @@ def test_a_client_that_stops_reading_pauses_the_upstream_and_then_gets_everythin
     with running_raw_upstream(fast_large_answer) as upstream:
         config = gateway_config(upstream.base_url, limits={"max_client_lag_bytes": 256 * 1024})
         with running_gateway(config) as gateway:
-            sock = stream_request(gateway)
+            sock = stream_request(gateway.url)
             # The response has started; now the client reads nothing. Keep what it read:
             # the gateway may write the head and the first deltas together.
             received = bytearray(sock.recv(1024))
@@ -79,7 +79,7 @@ def test_a_client_that_reads_nothing_for_the_send_timeout_is_disconnected_and_ca
             limits={"max_client_lag_bytes": 256 * 1024},
         )
         with running_gateway(config) as gateway:
-            with stream_request(gateway) as sock:
+            with stream_request(gateway.url) as sock:
                 received = bytearray(sock.recv(1024))
                 run_id = received.split(b"x-run-id: ")[1].split(b"\r\n")[0].decode()
                 time.sleep(3)  # reads nothing: disconnected after send_timeout

@@ -25,22 +25,18 @@ from gateway.chaos import gemini as chaos_gemini
 from gateway.chaos.answer import script_for
 from gateway.chaos.spec import parse_spec
 from gateway.config.schema import GatewayConfig
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.api.streams import first_raw_events
+from tests.servers import RunningGateway, recovering_config, running_gateway
 
-FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 FAULTS = ["reset", "close", "stall", "no_finish", "error", "error_data", "malformed"]
 THOUGHTS = types.GenerateContentConfig(thinking_config=types.ThinkingConfig(include_thoughts=True))
 STREAM = "/v1beta/models/{}:streamGenerateContent?alt=sse"
 
 
 def config(chaos: ChaosUpstream, **overrides: Any) -> GatewayConfig:
-    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY} | overrides.pop("route", {})
-    upstream = {
-        "kind": "gemini",
-        "timeouts": {"connect": 2, "first_byte": 3, "idle": 0.5},
-    } | overrides.pop("upstream", {})
+    upstream = {"kind": "gemini"} | overrides.pop("upstream", {})
     root = chaos.base_url.removesuffix("/v1") + "/v1beta"
-    return gateway_config(root, upstream=upstream, routes=[route], **overrides)
+    return recovering_config(root, upstream=upstream, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -362,16 +358,8 @@ def test_resume_by_run_id_gives_exactly_the_rest(recovering: RunningGateway) -> 
     body = {"contents": [{"role": "user", "parts": [{"text": "Tell me."}]}]}
     with httpx2.Client(base_url=recovering.url, timeout=15) as http:
         key = {"x-goog-api-key": "k"}
-        with http.stream("POST", STREAM.format(model), json=body, headers=key) as response:
-            run_id = response.headers["x-run-id"]
-            raw = b""
-            for part in response.iter_raw():
-                raw += part
-                if raw.count(b"\n\n") >= 8:
-                    break
-        received = raw.split(b"\n\n")[:-1]
-        head = b"".join(event + b"\n\n" for event in received)
-        resume = key | {"x-run-id": run_id, "x-resume-from": str(len(received))}
+        run_id, head, read = first_raw_events(http, STREAM.format(model), body, key, 8)
+        resume = key | {"x-run-id": run_id, "x-resume-from": str(read)}
         rest = http.post(STREAM.format(model), json=body, headers=resume).content
         stranger = http.post(
             STREAM.format(model), json=body, headers=resume | {"x-goog-api-key": "other"}

@@ -17,9 +17,9 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.chaos import gemini as chaos_gemini
 from gateway.config.load import parse_config
 from gateway.config.schema import GatewayConfig
-from tests.api.test_gemini import FAST_RETRY, check_contract, events, parts, post, sdk_for, text
+from tests.api.test_gemini import check_contract, events, parts, post, sdk_for, text
 from tests.api.test_providers import cloud_credentials  # noqa: F401 - the fixture
-from tests.servers import running_gateway
+from tests.servers import FAST_RETRY, running_gateway
 
 TIMEOUTS = {"connect": 2, "first_byte": 3, "idle": 0.5}
 DOORS = {"developer": chaos_gemini.DEVELOPER, "vertex": chaos_gemini.VERTEX}

@@ -24,10 +24,10 @@ from gateway.chaos.messages import thinking_signature
 from gateway.chaos.spec import parse_spec
 from gateway.config.load import parse_config
 from gateway.protocols.messages_splice import PING
+from tests.api.streams import first_raw_events
 from tests.protocols.named import events as named_events
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.servers import RunningGateway, recovering_config, running_gateway
 
-FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 FAULTS = [
     "reset",
     "close",
@@ -42,14 +42,10 @@ ASK: list[MessageParam] = [{"role": "user", "content": "Tell me."}]
 
 
 def config(chaos: ChaosUpstream, **overrides: Any) -> Any:
-    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY} | overrides.pop("route", {})
-    upstream = {
-        "kind": "anthropic",
-        "timeouts": {"connect": 2, "first_byte": 3, "idle": 0.5},
-    } | overrides.pop("upstream", {})
+    upstream = {"kind": "anthropic"} | overrides.pop("upstream", {})
     # The anthropic SDK's base URL: the chaos server's root, without /v1.
     root = chaos.base_url.removesuffix("/v1")
-    return gateway_config(root, upstream=upstream, routes=[route], **overrides)
+    return recovering_config(root, upstream=upstream, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -372,16 +368,9 @@ def test_resume_by_run_id_gives_exactly_the_rest(recovering: RunningGateway) -> 
     model = "chaos:text=40,seed=66,pace_ms=20"
     body = {"model": model, "max_tokens": 1024, "messages": ASK, "stream": True}
     with httpx2.Client(base_url=recovering.url, timeout=15) as http:
-        with http.stream("POST", "/v1/messages", json=body, headers={"x-api-key": "k"}) as r:
-            run_id = r.headers["x-run-id"]
-            raw = b""
-            for part in r.iter_raw():
-                raw += part
-                if raw.count(b"\n\n") >= 8:
-                    break
-        received = raw.split(b"\n\n")[:-1]  # whole events; the rest of the last is lost
-        head = b"".join(event + b"\n\n" for event in received)
-        headers = {"x-api-key": "k", "x-run-id": run_id, "x-resume-from": str(len(received))}
+        key = {"x-api-key": "k"}
+        run_id, head, read = first_raw_events(http, "/v1/messages", body, key, 8)
+        headers = key | {"x-run-id": run_id, "x-resume-from": str(read)}
         rest = http.post("/v1/messages", json=body, headers=headers).content
         stranger = http.post("/v1/messages", json=body, headers=headers | {"x-api-key": "other"})
     events = parse(head + rest)

@@ -31,7 +31,6 @@ from gateway.config.load import parse_config
 from gateway.config.schema import GatewayConfig
 from tests.api.test_messages import (
     ASK,
-    FAST_RETRY,
     FAULTS,
     blocks,
     check_contract,
@@ -39,7 +38,7 @@ from tests.api.test_messages import (
     parse,
     text,
 )
-from tests.servers import RunningGateway, running_gateway
+from tests.servers import FAST_RETRY, RunningGateway, running_gateway
 
 [(KEY_ID, SECRET)] = BEDROCK_CREDENTIALS.items()
 TIMEOUTS = {"connect": 2, "first_byte": 3, "idle": 0.5}

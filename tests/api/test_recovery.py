@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -20,38 +19,20 @@ from hypothesis import strategies as st
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from tests.api.streams import MESSAGES, Received, receive, stream_chat
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.api.streams import MESSAGES, Received, calls_of, receive, stream_chat
+from tests.servers import (
+    FAST_RETRY,
+    RunningGateway,
+    gateway_config,
+    recovering_config,
+    running_gateway,
+)
 
-FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 FAULTS = ["reset", "close", "stall", "error", "error_done", "no_finish", "finish_error"]
 
 
 def config(chaos: ChaosUpstream, **overrides: Any) -> Any:
-    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY} | overrides.pop("route", {})
-    return gateway_config(
-        chaos.base_url,
-        upstream={"timeouts": {"connect": 2, "first_byte": 3, "idle": 0.5}},
-        routes=[route],
-        **overrides,
-    )
-
-
-@pytest.fixture(scope="module")
-def recovering(chaos: ChaosUpstream) -> Iterator[RunningGateway]:
-    with running_gateway(config(chaos)) as running:
-        yield running
-
-
-@pytest.fixture
-def sdk(recovering: RunningGateway) -> Iterator[OpenAI]:
-    with OpenAI(base_url=recovering.base_url, api_key="k", max_retries=0) as client:
-        yield client
-
-
-def calls_of(model: str, count: int | None = None) -> list[tuple[str, str, str]]:
-    calls = [(c.id, c.name, c.arguments) for c in expected_answer(model).tool_calls]
-    return calls[:count] if count is not None else calls
+    return recovering_config(chaos.base_url, **overrides)
 
 
 @pytest.mark.parametrize("fault", FAULTS)

@@ -8,7 +8,6 @@ checked for the section 2a contract: sequence numbers 0, 1, 2… with no gap, on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -20,34 +19,15 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from tests.servers import RunningGateway, gateway_config, running_gateway
+from tests.api.streams import calls_of
+from tests.servers import RunningGateway, recovering_config, running_gateway
 
-FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05, "idle_retry_delay": 0.01}
 FAULTS = ["reset", "close", "stall", "error", "error_done", "no_finish", "finish_error"]
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 
 
 def config(chaos: ChaosUpstream, **overrides: Any) -> Any:
-    route = {"match": "*", "upstream": "chaos", "retry": FAST_RETRY} | overrides.pop("route", {})
-    upstream = {"timeouts": {"connect": 2, "first_byte": 3, "idle": 0.5}}
-    return gateway_config(
-        chaos.base_url,
-        upstream=upstream | overrides.pop("upstream", {}),
-        routes=[route],
-        **overrides,
-    )
-
-
-@pytest.fixture(scope="module")
-def recovering(chaos: ChaosUpstream) -> Iterator[RunningGateway]:
-    with running_gateway(config(chaos)) as running:
-        yield running
-
-
-@pytest.fixture
-def sdk(recovering: RunningGateway) -> Iterator[OpenAI]:
-    with OpenAI(base_url=recovering.base_url, api_key="k", max_retries=0) as client:
-        yield client
+    return recovering_config(chaos.base_url, **overrides)
 
 
 @dataclass
@@ -112,11 +92,6 @@ def stream(sdk: OpenAI, model: str, **extra: Any) -> Streamed:
         streamed.final = events.get_final_response()
     check_contract(streamed)
     return streamed
-
-
-def calls_of(model: str, count: int | None = None) -> list[tuple[str, str, str]]:
-    calls = [(c.id, c.name, c.arguments) for c in expected_answer(model).tool_calls]
-    return calls[:count] if count is not None else calls
 
 
 @pytest.mark.parametrize("fault", FAULTS)

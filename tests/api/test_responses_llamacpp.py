@@ -11,13 +11,8 @@ leg's text and then the rest, and every event that says the text says that one.
 from __future__ import annotations
 
 import contextlib
-import socket
-import struct
-import sys
-import threading
-import time
+import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -33,86 +28,43 @@ from tests.protocols.test_responses_splice import (
     LLAMACPP_REST,
     LLAMACPP_SENT,
 )
-from tests.raw_upstream import _read_request, sse_head
+from tests.raw_upstream import (
+    RESET,
+    RawRequest,
+    RawUpstream,
+    Reset,
+    Script,
+    running_raw_upstream,
+    sse_head,
+)
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
 ANSWER = LLAMACPP_SENT + LLAMACPP_REST
 LIFECYCLE = {"response.created", "response.in_progress", "response.completed"}
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+RESPONSES = b"POST /v1/responses "
 
 
-@dataclass
-class Replaying:
-    base_url: str
-    bodies: list[dict[str, Any]] = field(default_factory=list)  # each /responses request's
-
-
-def _flushed(conn: socket.socket) -> None:
-    """Wait (bounded) until the peer has acknowledged every byte written: a RST drops
-    what is still queued."""
-    if sys.platform != "linux":
-        time.sleep(0.1)
-        return
-    import fcntl
-    import termios
-
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline:
-        queued = fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4)
-        if struct.unpack("i", queued)[0] == 0:
-            return
-        time.sleep(0.002)
-
-
-@contextlib.contextmanager
-def llamacpp_upstream() -> Iterator[Replaying]:
+def llamacpp_script() -> Script:
     """``POST /v1/responses``: first the recorded answer up to its cut, then a TCP reset;
     then the recorded continuation, whole. Anything else (a ``GET /models``): 404."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    upstream = Replaying(f"http://127.0.0.1:{listener.getsockname()[1]}/v1")
-    lock = threading.Lock()
+    posts = itertools.count()
 
-    def handle(conn: socket.socket) -> None:
-        with conn:
-            request = _read_request(conn)
-            if request is None:
-                return
-            if not request.head.startswith(b"POST /v1/responses "):
-                conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
-                return
-            with lock:
-                first = not upstream.bodies
-                upstream.bodies.append(orjson.loads(request.body))
-            with contextlib.suppress(OSError):
-                if first:
-                    conn.sendall(sse_head() + LLAMACPP_CUT)
-                    _flushed(conn)
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                else:
-                    conn.sendall(sse_head() + LLAMACPP_CONTINUATION)
+    def script(index: int, request: RawRequest) -> Iterator[bytes | Reset]:
+        if not request.head.startswith(RESPONSES):
+            yield b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+        elif next(posts) == 0:
+            yield sse_head() + LLAMACPP_CUT
+            yield RESET
+        else:
+            yield sse_head() + LLAMACPP_CONTINUATION
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield upstream
-    finally:
-        with contextlib.suppress(OSError):
-            listener.shutdown(socket.SHUT_RDWR)
-        listener.close()
-        thread.join(5)
+    return script
 
 
 @contextlib.contextmanager
-def gateway() -> Iterator[tuple[RunningGateway, Replaying]]:
-    with llamacpp_upstream() as upstream:
+def gateway() -> Iterator[tuple[RunningGateway, RawUpstream]]:
+    with running_raw_upstream(llamacpp_script()) as upstream:
         config = gateway_config(
             upstream.base_url,
             # llama.cpp goes on from a trailing assistant message, as it did recorded.
@@ -123,11 +75,12 @@ def gateway() -> Iterator[tuple[RunningGateway, Replaying]]:
             yield running, upstream
 
 
-def continued_from_the_text_sent(upstream: Replaying) -> None:
+def continued_from_the_text_sent(upstream: RawUpstream) -> None:
     """The second request asked for the rest of what the client had, as llama.cpp takes
     it: a typed assistant message."""
-    assert len(upstream.bodies) == 2
-    first, second = upstream.bodies
+    bodies = [orjson.loads(r.body) for r in upstream.requests if r.head.startswith(RESPONSES)]
+    assert len(bodies) == 2
+    first, second = bodies
     assert second["input"][:-1] == [{"role": "user", "content": first["input"]}]
     assert second["input"][-1] == {"type": "message", "role": "assistant", "content": LLAMACPP_SENT}
 

@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from gateway.config.schema import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.runs.registry import TRIM_DELAY, Runs
 from gateway.serve import in_thread
-from tests.raw_upstream import RawRequest, chat_chunk, running_raw_upstream, sse_head
+from tests.api.test_backpressure import DELTA, DELTAS, fast_large_answer, stream_request
+from tests.raw_upstream import running_raw_upstream
 from tests.servers import RunningGateway, gateway_config, running_gateway, wait_for
 
 LIMIT = 40_000  # bytes of events: a few hundred chat chunks
@@ -227,32 +228,14 @@ def text_of(raw: bytes) -> str:
 
 # -- the never-reading client (issue 40: 4 x 50 MB kept after the clients closed) ---------
 
-DELTA = "x" * 4000
-DELTAS = 8000  # 32 MB of content per answer, as fast as the sockets take it
 CLIENTS = 4
 BUDGET = 24 * MB
 REFUSED = 12 * MB
 
 
-def fast_large_answer(index: int, request: RawRequest) -> Iterable[bytes]:
-    yield sse_head() + chat_chunk("", role="assistant")
-    event = chat_chunk(DELTA)
-    for _ in range(DELTAS // 16):
-        yield event * 16
-    yield chat_chunk(finish="stop") + b"data: [DONE]\n\n"
-
-
 def open_unread(url: str) -> socket.socket:
     """A stream request whose client reads the response head, then nothing."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    sock.connect((host, int(port)))
-    body = orjson.dumps({"model": "m", "messages": [], "stream": True})
-    sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: "
-        b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-    )
+    sock = stream_request(url)
     head = b""
     while b"\r\n\r\n" not in head:
         head += sock.recv(1)

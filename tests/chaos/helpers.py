@@ -9,7 +9,15 @@ from typing import Any
 
 import httpx2
 
+from gateway.chaos.answer import script_for
+from gateway.chaos.spec import parse_spec
+
 USER = {"role": "user", "content": "Say something."}
+
+
+def first_deltas(spec: str, count: int) -> str:
+    """The text of the first ``count`` text deltas of ``spec``'s answer."""
+    return "".join(script_for(parse_spec(spec)).text_deltas[:count])
 
 
 def decode_sse(raw: bytes) -> list[str]:
@@ -180,3 +188,10 @@ def read_raw(client: httpx2.Client, path: str, payload: dict[str, Any]) -> Raw:
         except httpx2.TransportError as exc:
             error = exc
     return Raw(response.status_code, chunks, error)
+
+
+def json_document(response: httpx2.Response) -> Any:
+    """The body of a non-streaming answer, checked to be a 200 in JSON."""
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    return response.json()

@@ -25,15 +25,21 @@ def root(chaos: ChaosUpstream) -> str:
     return chaos.base_url.removesuffix("/v1")
 
 
-@pytest.fixture
-def bedrock(chaos: ChaosUpstream) -> Iterator[AnthropicBedrock]:
-    with AnthropicBedrock(
-        aws_access_key=KEY_ID,
-        aws_secret_key=SECRET,
+def bedrock_client(
+    chaos: ChaosUpstream, key_id: str = KEY_ID, secret: str = SECRET
+) -> AnthropicBedrock:
+    return AnthropicBedrock(
+        aws_access_key=key_id,
+        aws_secret_key=secret,
         aws_region="us-east-1",
         base_url=root(chaos),
         max_retries=0,
-    ) as client:
+    )
+
+
+@pytest.fixture
+def bedrock(chaos: ChaosUpstream) -> Iterator[AnthropicBedrock]:
+    with bedrock_client(chaos) as client:
         yield client
 
 
@@ -125,22 +131,10 @@ def test_faults_reach_the_sdks_cloud_client_as_the_services_errors(
 
 
 def test_bedrock_checks_the_sigv4_signature(chaos: ChaosUpstream) -> None:
-    with AnthropicBedrock(
-        aws_access_key=KEY_ID,
-        aws_secret_key="not-the-secret",
-        aws_region="us-east-1",
-        base_url=root(chaos),
-        max_retries=0,
-    ) as wrong:
+    with bedrock_client(chaos, secret="not-the-secret") as wrong:
         with pytest.raises(anthropic.PermissionDeniedError, match="signature"):
             wrong.messages.create(model="chaos:text=3", max_tokens=10, messages=USER)
-    with AnthropicBedrock(
-        aws_access_key="AKIDUNKNOWN",
-        aws_secret_key=SECRET,
-        aws_region="us-east-1",
-        base_url=root(chaos),
-        max_retries=0,
-    ) as unknown:
+    with bedrock_client(chaos, key_id="AKIDUNKNOWN") as unknown:
         with pytest.raises(anthropic.PermissionDeniedError, match="security token"):
             unknown.messages.create(model="chaos:text=3", max_tokens=10, messages=USER)
 

@@ -17,15 +17,14 @@ import pytest
 
 from gateway.chaos import ChaosUpstream, expected_answer, running_chaos_upstream
 
-from .helpers import USER, stream
+from .helpers import USER, json_document, stream
 
 
 def test_non_streaming_chat_completion(client: httpx2.Client) -> None:
     spec = "chaos:text=7,reasoning=2,tools=2"
-    response = client.post("/chat/completions", json={"model": spec, "messages": [USER]})
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "application/json"
-    document = response.json()
+    document = json_document(
+        client.post("/chat/completions", json={"model": spec, "messages": [USER]})
+    )
     answer = expected_answer(spec)
     assert document["object"] == "chat.completion"
     assert document["id"].startswith("chatcmpl-chaos-")

@@ -12,11 +12,7 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.chaos.answer import script_for
 from gateway.chaos.spec import parse_spec
 
-from .helpers import USER, collect, stream
-
-
-def _first_deltas(spec: str, count: int) -> str:
-    return "".join(script_for(parse_spec(spec)).text_deltas[:count])
+from .helpers import USER, collect, first_deltas, stream
 
 
 @pytest.mark.parametrize("at", [0, 1, 7, 20])
@@ -27,7 +23,7 @@ def test_reset_is_a_read_error_after_exactly_at_deltas(client: httpx2.Client, at
     # if it notices the closed socket between reads.
     assert isinstance(received.error, httpx2.ReadError | httpx2.RemoteProtocolError)
     collected = received.collect()
-    assert collected.text == _first_deltas(spec, at)
+    assert collected.text == first_deltas(spec, at)
     assert collected.finish_reasons == []
     assert collected.roles == ["assistant"]
 
@@ -35,7 +31,7 @@ def test_reset_is_a_read_error_after_exactly_at_deltas(client: httpx2.Client, at
 def test_reset_without_at_fires_half_way(client: httpx2.Client) -> None:
     received = stream(client, "chaos:text=10,fault=reset")
     assert received.error is not None
-    assert received.collect().text == _first_deltas("chaos:text=10", 5)
+    assert received.collect().text == first_deltas("chaos:text=10", 5)
 
 
 def test_close_is_an_incomplete_chunked_read(client: httpx2.Client) -> None:
@@ -43,7 +39,7 @@ def test_close_is_an_incomplete_chunked_read(client: httpx2.Client) -> None:
     received = stream(client, spec)
     assert isinstance(received.error, httpx2.RemoteProtocolError)
     assert "incomplete chunked read" in str(received.error)
-    assert received.collect().text == _first_deltas(spec, 4)
+    assert received.collect().text == first_deltas(spec, 4)
 
 
 def test_stall_is_a_read_timeout(upstream: ChaosUpstream) -> None:
@@ -54,7 +50,7 @@ def test_stall_is_a_read_timeout(upstream: ChaosUpstream) -> None:
         received = stream(client, spec)
     assert isinstance(received.error, httpx2.ReadTimeout)
     assert time.monotonic() - started < 5
-    assert received.collect().text == _first_deltas(spec, 3)
+    assert received.collect().text == first_deltas(spec, 3)
 
 
 def test_stall_ends_with_a_close_after_stall_s(client: httpx2.Client) -> None:
@@ -79,7 +75,7 @@ def test_in_band_errors_end_the_body_cleanly(
     received = stream(client, spec)
     assert received.error is None
     collected = received.collect()
-    assert collected.text == _first_deltas(spec, 5)
+    assert collected.text == first_deltas(spec, 5)
     [error] = collected.errors
     assert error["code"] == code
     assert collected.finish_reasons == []
@@ -91,7 +87,7 @@ def test_finish_error(client: httpx2.Client) -> None:
     received = stream(client, "chaos:fault=finish_error,at=3")
     assert received.error is None
     assert received.collect().finish_reasons == ["error"]
-    assert received.collect().text == _first_deltas("chaos", 3)
+    assert received.collect().text == first_deltas("chaos", 3)
     assert received.data[-1] == "[DONE]"
 
 
@@ -100,7 +96,7 @@ def test_no_finish_truncates_cleanly(client: httpx2.Client, done: int) -> None:
     received = stream(client, f"chaos:fault=no_finish,at=6,done={done}")
     assert received.error is None
     assert received.collect().finish_reasons == []
-    assert received.collect().text == _first_deltas("chaos", 6)
+    assert received.collect().text == first_deltas("chaos", 6)
     assert (received.data[-1] == "[DONE]") is bool(done)
 
 
@@ -120,7 +116,7 @@ def test_at_counts_reasoning_and_tool_fragments(client: httpx2.Client) -> None:
     spec = "chaos:reasoning=3,text=2,tools=1,arg_deltas=4,fault=close"
     answer = expected_answer(spec)
     collected = stream(client, f"{spec},at=4").collect()
-    assert (collected.reasoning, collected.text) == (answer.reasoning, _first_deltas(spec, 1))
+    assert (collected.reasoning, collected.text) == (answer.reasoning, first_deltas(spec, 1))
     assert collected.tool_calls == {}
     collected = stream(client, f"{spec},at=7").collect()
     assert collected.content_deltas == 7

@@ -22,6 +22,7 @@ from gateway.chaos.clouds import VERTEX_TOKEN
 from gateway.chaos.spec import parse_spec
 from gateway.recovery.classify import is_transient_error
 from gateway.upstream.continuation import ANCHOR_INSTRUCTION
+from tests.chaos.helpers import first_deltas
 
 KEY = "chaos-gemini-key"
 USER = {"role": "user", "parts": [{"text": "Say something."}]}
@@ -116,10 +117,6 @@ def parts(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def text_of(chunks: list[dict[str, Any]]) -> str:
     return "".join(p["text"] for p in parts(chunks) if "text" in p and not p.get("thought"))
-
-
-def first_deltas(spec: str, count: int) -> str:
-    return "".join(script_for(parse_spec(spec)).text_deltas[:count])
 
 
 def google_error(body: bytes) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from gateway.chaos.answer import script_for
 from gateway.chaos.messages import message_id
 from gateway.chaos.spec import parse_spec
 from gateway.recovery.classify import is_transient_error
-from tests.chaos.helpers import Raw, read_raw
+from tests.chaos.helpers import Raw, first_deltas, json_document, read_raw
 
 TEXT = expected_answer("chaos").text
 USER: MessageParam = {"role": "user", "content": "Say something."}
@@ -134,10 +134,6 @@ def assert_well_formed(objects: list[dict[str, Any]]) -> None:
     assert open_index is None
 
 
-def first_deltas(spec: str, count: int) -> str:
-    return "".join(script_for(parse_spec(spec)).text_deltas[:count])
-
-
 def content_deltas(spec: str) -> int:
     script = script_for(parse_spec(spec))
     fragments = sum(len(fragments) for fragments in script.tool_fragments)
@@ -251,10 +247,7 @@ async def test_sdk_non_streaming(upstream: ChaosUpstream, spec: str) -> None:
 
 def test_non_streaming_document(client: httpx2.Client) -> None:
     spec = "chaos:text=3,reasoning=2,tools=1"
-    response = post_json(client, spec, [USER])
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "application/json"
-    document = response.json()
+    document = json_document(post_json(client, spec, [USER]))
     number = number_of(document["id"])
     assert document == {
         "id": message_id(number),

@@ -16,7 +16,7 @@ from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.chaos.answer import script_for
 from gateway.chaos.spec import parse_spec
 from gateway.recovery.classify import is_transient_error
-from tests.chaos.helpers import Raw, read_raw
+from tests.chaos.helpers import Raw, first_deltas, json_document, read_raw
 
 TEXT = expected_answer("chaos").text
 USER = {"role": "user", "content": "Say something."}
@@ -86,10 +86,6 @@ def calls_of(answer_spec: str) -> list[dict[str, str]]:
         {"call_id": call.id, "name": call.name, "arguments": call.arguments}
         for call in expected_answer(answer_spec).tool_calls
     ]
-
-
-def first_deltas(spec: str, count: int) -> str:
-    return "".join(script_for(parse_spec(spec)).text_deltas[:count])
 
 
 # --- the whole stream, through the openai SDK -------------------------------------------
@@ -638,10 +634,7 @@ def test_sdk_sees_an_error_event_and_a_reset(sdk: openai.OpenAI) -> None:
 
 def test_non_streaming_returns_the_whole_response(client: httpx2.Client) -> None:
     spec = "chaos:text=7,reasoning=2,tools=2"
-    response = client.post("/responses", json={"model": spec, "input": [USER]})
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "application/json"
-    document = response.json()
+    document = json_document(client.post("/responses", json={"model": spec, "input": [USER]}))
     answer = expected_answer(spec)
     assert document["object"] == "response"
     assert document["status"] == "completed"

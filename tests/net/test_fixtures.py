@@ -347,19 +347,27 @@ def test_h2_upstream_serves_http_faults_and_json(
     assert whole.json()["choices"][0]["message"]["content"] == expected_answer("chaos:text=4").text
 
 
-def test_h2_goaway_breaks_the_stream_and_the_connection(
-    h2_upstream: H2Upstream, h2_client: httpx2.Client
+def broken_at_3_then_spared(
+    h2_upstream: H2Upstream, h2_client: httpx2.Client, model: str, match: str
 ) -> None:
-    model = "chaos:text=10,fault=goaway,at=3,times=1"
+    """``model``'s stream breaks with ``match`` after its 3rd delta; asked again (its
+    fault has ``times=1``), it is whole."""
     url = f"{h2_upstream.base_url}/chat/completions"
     got: list[str] = []
-    with pytest.raises(httpx2.RemoteProtocolError, match="ConnectionTerminated"):
+    with pytest.raises(httpx2.RemoteProtocolError, match=match):
         with h2_client.stream("POST", url, json=chat(model)) as response:
             deltas(response.iter_lines(), got)
     assert len(got) == 3
     assert "".join(got) == expected_answer(model).text[: len("".join(got))]
     with h2_client.stream("POST", url, json=chat(model)) as response:  # times=1: spared
         assert "".join(deltas(response.iter_lines())) == expected_answer(model).text
+
+
+def test_h2_goaway_breaks_the_stream_and_the_connection(
+    h2_upstream: H2Upstream, h2_client: httpx2.Client
+) -> None:
+    model = "chaos:text=10,fault=goaway,at=3,times=1"
+    broken_at_3_then_spared(h2_upstream, h2_client, model, "ConnectionTerminated")
     first, second = h2_upstream.requests
     assert (first.fault, second.fault) == ("goaway", None)
     assert (first.connection, second.connection) == (1, 2)  # the first one was closed
@@ -384,15 +392,7 @@ def test_h2_rst_stream_breaks_only_the_stream(
     h2_upstream: H2Upstream, h2_client: httpx2.Client
 ) -> None:
     model = "chaos:text=10,fault=rst_stream,at=3,times=1"
-    url = f"{h2_upstream.base_url}/chat/completions"
-    got: list[str] = []
-    with pytest.raises(httpx2.RemoteProtocolError, match="StreamReset"):
-        with h2_client.stream("POST", url, json=chat(model)) as response:
-            deltas(response.iter_lines(), got)
-    assert len(got) == 3
-    assert "".join(got) == expected_answer(model).text[: len("".join(got))]
-    with h2_client.stream("POST", url, json=chat(model)) as response:
-        assert "".join(deltas(response.iter_lines())) == expected_answer(model).text
+    broken_at_3_then_spared(h2_upstream, h2_client, model, "StreamReset")
     first, second = h2_upstream.requests
     assert (first.fault, second.fault) == ("rst_stream", None)
     assert (first.connection, first.stream_id) == (1, 1)

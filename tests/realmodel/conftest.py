@@ -32,20 +32,22 @@ def realmodel_gguf() -> Path:
         pytest.fail(str(exc), pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def llama_a(realmodel_gguf: Path) -> Iterator[LlamaServer]:
-    with LlamaServer(realmodel_gguf) as server:
+def _serving(gguf: Path) -> Iterator[LlamaServer]:
+    """A server for the session, revived after a test that killed it."""
+    with LlamaServer(gguf) as server:
         _servers.append(server)
         yield server
         _servers.remove(server)
+
+
+@pytest.fixture(scope="session")
+def llama_a(realmodel_gguf: Path) -> Iterator[LlamaServer]:
+    yield from _serving(realmodel_gguf)
 
 
 @pytest.fixture(scope="session")
 def llama_b(realmodel_gguf: Path) -> Iterator[LlamaServer]:
-    with LlamaServer(realmodel_gguf) as server:
-        _servers.append(server)
-        yield server
-        _servers.remove(server)
+    yield from _serving(realmodel_gguf)
 
 
 @pytest.fixture(autouse=True)
