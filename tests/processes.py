@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx2
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -26,8 +27,7 @@ REPLICA_CONFIG = """
 upstreams:
   - name: chaos
     base_url: {chaos}
-    timeouts: {{connect: 2, first_byte: 5, idle: {idle}}}
-    background: {background}
+    timeouts: {{connect: 2, first_byte: 5, idle: {idle}}}{background}
 routes:
   - match: "*"
     upstream: chaos
@@ -58,10 +58,23 @@ def replica_config(
         redis=redis_url,
         idle=idle,
         durability=durability,
-        background="true" if background else "false",
+        # Written only when asked: a previous release (test_rolling_update) knows no key.
+        background="\n    background: true" if background else "",
     )
     config += "".join(f"  {name}: {value}\n" for name, value in (state or {}).items())
     path.write_text(config)
+    return path
+
+
+def add_upstream(path: Path, name: str, kind: str, base_url: str) -> Path:
+    """Add to ``replica_config``'s config at ``path`` an upstream like its one, but
+    ``name`` of ``kind`` at ``base_url``, and a catch-all route to it after the first."""
+    config = yaml.safe_load(path.read_text())
+    (first,) = config["upstreams"]
+    (route,) = config["routes"]
+    config["upstreams"].append(first | {"name": name, "kind": kind, "base_url": base_url})
+    config["routes"].append(route | {"upstream": name})
+    path.write_text(yaml.safe_dump(config))
     return path
 
 

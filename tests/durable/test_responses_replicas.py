@@ -17,12 +17,8 @@ import redis
 from openai import OpenAI
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from tests.api.test_responses import Streamed, check_contract
-from tests.durable.two_replicas import (
-    CREDENTIAL,
-    state,
-)
-from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
+from tests.durable.two_replicas import CREDENTIAL, check_retrieved, sdk, start_response, state
+from tests.processes import Replica, Replicas, replica_config, wait_until
 from tests.redis_server import RedisServer
 
 
@@ -55,8 +51,9 @@ def background_replicas(
     chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path
 ) -> Iterator[Replicas]:
     """Replicas whose Responses legs are background responses (``background: true``)."""
-    path = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
-    path.write_text(path.read_text().replace("background: false", "background: true"))
+    path = replica_config(
+        tmp_path / "gateway.yaml", chaos.base_url, redis_server.url, background=True
+    )
     chaos.requests.clear()
     with Replicas(path, tmp_path) as running:
         yield running
@@ -88,10 +85,8 @@ def killed_and_retrieved(
     first: list[Any] = []
     store = redis.Redis.from_url(redis_server.url)
     try:
-        with OpenAI(base_url=a.base_url, api_key=CREDENTIAL, max_retries=0) as client:
-            raw = client.responses.with_raw_response.create(model=model, input="x", stream=True)
-            run_id = raw.headers["x-run-id"]
-            stream = raw.parse()
+        with sdk(a) as client:
+            run_id, stream = start_response(client, model)
             for event in stream:
                 first.append(event)
                 if len(first) == events:
@@ -102,13 +97,6 @@ def killed_and_retrieved(
             stream.close()
     finally:
         store.close()
-    response_id = first[0].response.id
-    with OpenAI(base_url=b.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE) as client:
-        last = first[-1].sequence_number
-        rest = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
-    streamed = Streamed(events=first + rest)
-    check_contract(streamed)
-    assert streamed.text() == expected_answer(model).text
-    assert streamed.events[-1].type == "response.completed"
+    check_retrieved(b, first, model)
     assert b.resumed("takeover") == 1
-    return b, response_id
+    return b, first[0].response.id

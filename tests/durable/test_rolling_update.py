@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -46,8 +45,8 @@ from gateway.checkpoint.model import (
     RunUnreadable,
 )
 from gateway.protocols import adapter_named
-from tests.api.streams import MESSAGES, Received, assert_whole_text_answer, resume, start
-from tests.durable.two_replicas import AUTH, drain, sdk, state
+from tests.api.streams import MESSAGES, Received, assert_whole_text_answer
+from tests.durable.two_replicas import AUTH, drain, kill, resume_on, started, state
 from tests.processes import DEADLINE, Replica, Replicas, ready, replica_config, wait_until
 from tests.redis_server import RedisServer
 from tests.servers import free_port
@@ -108,7 +107,12 @@ def test_the_previous_releases_record_and_state_decode() -> None:
     # an acknowledged count and the output spent, which it ignores (its decode kept only
     # the fields it knew).
     assert orjson.loads(record.encode()) == orjson.loads(PREVIOUS_RECORD) | {"version": 1}
-    expected = orjson.loads(PREVIOUS_STATE) | {"version": 1, "acked": None, "output_spent": None}
+    expected = orjson.loads(PREVIOUS_STATE) | {
+        "version": 1,
+        "acked": None,
+        "output_spent": None,
+        "background": None,
+    }
     assert orjson.loads(decoded.encode()) == expected
 
 
@@ -264,15 +268,6 @@ def both(
         yield {"previous": previous, "current": current}
 
 
-def kill_ahead_of_the_client(replica: Replica, store: redis.Redis, run_id: str) -> int:
-    """SIGKILL a replica whose checkpoint holds what its client has; the checkpoint's seq."""
-    replica.freeze()
-    time.sleep(0.05)  # a checkpoint write already on its way lands
-    seq: int = state(store, run_id)["seq"]
-    replica.kill()
-    return seq
-
-
 @pytest.mark.parametrize(
     ("first", "then"), [("previous", "current"), ("current", "previous")], ids=["up", "down"]
 )
@@ -282,14 +277,12 @@ def test_a_run_is_taken_over_exactly_across_releases(
     model = f"chaos:text=300,seed={41 if first == 'previous' else 42},pace_ms=15,rechunk=1"
     owner, heir = both[first], both[then]
     received = Received()
-    with sdk(owner) as client:
-        run_id, stream = start(client, model, received, 12)
+    with started(owner, model, received, 12) as (run_id, stream):
         assert state(store, run_id)["seq"] >= received.chunks  # the store is ahead
-        seq = kill_ahead_of_the_client(owner, store, run_id)
+        seq = kill(owner, store, run_id)
         drain(stream, received)
     assert received.chunks <= seq and received.finish_reasons == [], "killed mid-stream"
-    with sdk(heir) as client:
-        resume(client, model, run_id, received)
+    resume_on(heir, model, run_id, received)
     assert_whole_text_answer(received, model)  # exactly the fault-free answer
     assert heir.resumed("takeover") == 1
     assert len(chaos.requests_for(model)) == 2  # the first leg, and the heir's continuation
@@ -303,8 +296,7 @@ def test_a_run_this_release_cannot_continue_gets_an_explicit_error(
     (Started on the other replica: this one reads it from the store, not from memory.)"""
     current = both["current"]
     model = "chaos:text=20,seed=43"
-    with sdk(both["previous"]) as client:
-        run_id, stream = start(client, model, Received(), 2)
+    with started(both["previous"], model, Received(), 2) as (run_id, stream):
         stream.close()
     wait_until(lambda: state(store, run_id)["status"] == "done", "the run finished")
     key = f"rg:{{{run_id}}}:record"
