@@ -20,12 +20,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import redis
 from redis.crc import key_slot
 
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, ask, server_command
 from tests.servers import free_port
 
 BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000
@@ -46,13 +44,9 @@ class RedisClusterNodes:
     def slots(self) -> list[tuple[int, int, int, list[int]]]:
         """(first slot, last slot, primary's port, replicas' ports), as a live node sees it."""
         for node in self.alive():
-            client = redis.Redis.from_url(node.url, socket_timeout=2)
-            try:
-                raw: Any = client.cluster("SLOTS")
-            except redis.RedisError:
+            raw = ask(node.url, lambda c: c.cluster("SLOTS"))
+            if raw is None:
                 continue
-            finally:
-                client.close()
             return [
                 (int(r[0]), int(r[1]), int(r[2][1]), [int(replica[1]) for replica in r[3:]])
                 for r in raw
@@ -102,24 +96,14 @@ def _cluster_port() -> int:
 
 
 def _cluster_ok(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=2)
-    try:
-        info: Any = client.cluster("INFO")
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+    info = ask(url, lambda c: c.cluster("INFO"))
     return isinstance(info, dict) and info.get("cluster_state") == "ok"
 
 
 def _replicas_synced(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=2)
-    try:
-        info: Any = client.info("replication")
-    except redis.RedisError:
+    info = ask(url, lambda c: c.info("replication"))
+    if info is None:
         return False
-    finally:
-        client.close()
     return bool(info.get("role") != "slave" or info.get("master_link_status") == "up")
 
 
@@ -146,22 +130,17 @@ def running_cluster(
             for port in sorted(ports):
                 directory = Path(workdir) / str(port)
                 directory.mkdir()
-                command = [
+                # A replica is listed (CLUSTER SLOTS) once its offset moves, at the first
+                # PING from its primary: each second (server_command), not each 10 s.
+                command = server_command(
                     binary,
-                    "--port", str(port),
-                    "--bind", "127.0.0.1",
-                    "--save", "",
-                    "--appendonly", "no",
-                    "--dir", str(directory),
+                    port,
+                    directory,
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", str(node_timeout),
                     "--cluster-require-full-coverage", "yes" if full_coverage else "no",
-                    "--repl-diskless-sync-delay", "0",  # replicas sync at once, not in 5 s
-                    # A replica is listed (CLUSTER SLOTS) once its offset moves, at the
-                    # first PING from its primary: each second, not each 10 s.
-                    "--repl-ping-replica-period", "1",
-                ]  # fmt: skip
+                )  # fmt: skip
                 process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
                 nodes.append(RedisServer(f"redis://127.0.0.1:{port}/0", process, command))
             deadline = time.monotonic() + 10
@@ -200,13 +179,9 @@ def running_cluster(
 
 
 def _knows_all(url: str, count: int) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=2)
-    try:
-        nodes: Any = client.cluster("NODES")  # parsed: {address: fields}
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-    return len(nodes) == count and all(
-        node["connected"] or "myself" in node["flags"] for node in nodes.values()
+    nodes = ask(url, lambda c: c.cluster("NODES"))  # parsed: {address: fields}
+    return (
+        nodes is not None
+        and len(nodes) == count
+        and all(node["connected"] or "myself" in node["flags"] for node in nodes.values())
     )

@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,17 +73,7 @@ def _local_redis() -> Iterator[RedisServer]:
         raise RuntimeError("redis-server is not installed; run scripts/install")
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
-        command = [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            workdir,
-        ]
+        command = server_command(binary, port, Path(workdir))
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         server = RedisServer(f"redis://127.0.0.1:{port}/0", process, command)
         try:
@@ -95,6 +86,52 @@ def _local_redis() -> Iterator[RedisServer]:
 def local_redis() -> contextlib.AbstractContextManager[RedisServer]:
     """A local ``redis-server`` even where Docker runs: one a test can restart."""
     return _local_redis()
+
+
+def server_command(binary: str, port: int, directory: Path, *options: str) -> list[str]:
+    """How to start a test's ``redis-server`` on ``port``, with more ``options``: loopback
+    only, nothing kept on disk, a replica synced at once and pinged every second."""
+    return [
+        binary,
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--save", "",
+        "--appendonly", "no",
+        "--dir", str(directory),
+        "--repl-diskless-sync-delay", "0",  # a replica syncs at once, not in 5 s
+        "--repl-ping-replica-period", "1",
+        *options,
+    ]  # fmt: skip
+
+
+def ask(url: str, command: Callable[[redis.Redis], Any], timeout: float = 2) -> Any:
+    """``command``'s reply from the Redis at ``url``; None where it does not answer."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout)
+    try:
+        return command(client)
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def frozen(server: RedisServer) -> Iterator[None]:
+    """``server`` stopped (SIGSTOP) for the block: it takes packets and answers none, as
+    one behind a partition does (a replica: it stops acknowledging)."""
+    process = server.process
+    assert process is not None
+    process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
+def role(server: RedisServer) -> str | None:
+    """``master`` or ``slave``, as ``server`` says; None where it does not answer."""
+    info = ask(server.url, lambda c: c.info("replication"), 1)
+    return None if info is None else str(info["role"])
 
 
 def _wait_until_up(url: str) -> None:
@@ -161,14 +198,11 @@ class RedisSentinels:
     def primary_port(self) -> int | None:
         """The primary's port as the first sentinel answering names it."""
         for sentinel in self.sentinels:
-            client = redis.Redis.from_url(sentinel.url, socket_timeout=1)
-            try:
-                address: Any = client.sentinel_get_master_addr_by_name(self.service)
-            except redis.RedisError:
-                continue
-            finally:
-                client.close()
-            return None if address is None else int(address[1])
+            address = ask(
+                sentinel.url, lambda c: c.sentinel_get_master_addr_by_name(self.service), 1
+            )
+            if address is not None:
+                return int(address[1])
         return None
 
     def primary(self) -> RedisServer:
@@ -195,16 +229,7 @@ def running_sentinels(
                 port = primary_port if role == "primary" else free_port()
                 directory = Path(workdir) / str(port)
                 directory.mkdir()
-                command = [
-                    binary,
-                    "--port", str(port),
-                    "--bind", "127.0.0.1",
-                    "--save", "",
-                    "--appendonly", "no",
-                    "--dir", str(directory),
-                    "--repl-diskless-sync-delay", "0",  # the replica syncs at once
-                    "--repl-ping-replica-period", "1",
-                ]  # fmt: skip
+                command = server_command(binary, port, directory)
                 if role == "replica":
                     command += ["--replicaof", "127.0.0.1", str(primary_port)]
                 process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
@@ -250,24 +275,14 @@ def _wait_for(ready: Any, message: str, within: float = 20) -> None:
 
 
 def _replica_synced(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=1)
-    try:
-        info: Any = client.info("replication")
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-    return bool(info.get("master_link_status") == "up")
+    info = ask(url, lambda c: c.info("replication"), 1)
+    return info is not None and bool(info.get("master_link_status") == "up")
 
 
 def _sentinel_ready(url: str, service: str) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=1)
-    try:
-        master: Any = client.sentinel_master(service)
-    except redis.RedisError:
+    master = ask(url, lambda c: c.sentinel_master(service), 1)
+    if master is None:
         return False
-    finally:
-        client.close()
     if isinstance(master, list):  # a flat list of names and values
         master = dict(zip(master[::2], master[1::2], strict=True))
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in master.items()}

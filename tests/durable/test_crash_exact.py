@@ -18,7 +18,6 @@ seam, one finish.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import httpx2
@@ -30,17 +29,20 @@ import redis
 from gateway.chaos import ChaosUpstream, RecordedRequest, expected_answer, sampled_answer
 from gateway.chaos.answer import attempt_deltas
 from gateway.chaos.spec import parse_spec
-from tests.api.streams import MESSAGES, Received, resume
-from tests.api.test_responses import Streamed, check_contract
+from tests.api.streams import MESSAGES, Received
 from tests.durable.two_replicas import (
-    AUTH,
+    check_retrieved,
     continued_prefix,
     drain,
-    read_events,
+    kill,
+    posted,
+    read_rest,
+    resume_on,
     sdk,
+    start_response,
     state,
 )
-from tests.processes import DEADLINE, Replica, Replicas
+from tests.processes import Replicas
 
 MODES = ["rechunk", "sample"]
 # k: right after the first content event (the role comes first), a few deltas in,
@@ -63,15 +65,6 @@ def events_planned(chaos: ChaosUpstream, model: str) -> int:
     deltas = attempt_deltas(parse_spec(model), request.attempt, "")
     assert deltas is not None
     return len(deltas) + 2
-
-
-def kill(a: Replica, store: redis.Redis, run_id: str) -> int:
-    """SIGKILL A (frozen first, so nothing more is sent or checkpointed); its checkpoint's seq."""
-    a.freeze()
-    time.sleep(0.05)  # a checkpoint write already on its way lands
-    seq: int = state(store, run_id)["seq"]
-    a.kill()
-    return seq
 
 
 def legs(chaos: ChaosUpstream, model: str) -> tuple[RecordedRequest, RecordedRequest]:
@@ -153,8 +146,7 @@ def test_sdk_resume_after_a_crash_is_exact(
     assert received.finish_reasons == [], "A finished before it was killed"
     assert held and received.text.startswith(held)
     had = received.text  # with what the dead replica's socket still held
-    with sdk(b) as client_b:
-        resume(client_b, model, run_id, received)
+    resume_on(b, model, run_id, received)
     assert b.resumed("takeover") == 1
     original, continuation = legs(chaos, model)
     check_leg_variance(mode, model, original, continuation)
@@ -187,8 +179,7 @@ def test_a_takeover_asks_for_what_is_left_of_the_clients_budget(
         kill(a, store, run_id)
         spent = state(store, run_id)["output_spent"]
         drain(stream, received)
-    with sdk(b) as client_b:
-        resume(client_b, model, run_id, received)
+    resume_on(b, model, run_id, received)
     assert b.resumed("takeover") == 1
     _, continuation = legs(chaos, model)
     assert spent >= 8  # a token a delta: every text delta the client had, at least
@@ -232,12 +223,8 @@ def test_event_source_resume_after_a_crash_is_exact(
 ) -> None:
     model = model_for(mode, 300)
     a, b = replicas.start("A", "B")
-    body = {"model": model, "messages": MESSAGES, "stream": True}
     before: list[bytes] = []
-    with (
-        httpx2.Client(timeout=DEADLINE) as http,
-        http.stream("POST", a.base_url + "/chat/completions", json=body, headers=AUTH) as first,
-    ):
+    with posted(a, model) as first:
         run_id = first.headers["x-run-id"]
         buffer = b""
         pieces = first.iter_raw()
@@ -254,10 +241,7 @@ def test_event_source_resume_after_a_crash_is_exact(
                 complete, buffer = sse_events(buffer + data)
                 before += complete
     assert len(before) <= seq, "the client got ahead of the checkpoint"
-    events = read_events(f"{b.base_url}/runs/{run_id}/events", len(before))
-    assert [n for n, _ in events] == list(range(len(before) + 1, len(before) + 1 + len(events)))
-    assert events[-1][1] == b"[DONE]"
-    text, finishes = chat_text(before + [data for _, data in events])
+    text, finishes = chat_text(before + read_rest(b, run_id, len(before)))
     assert finishes == ["stop"]
     assert b.resumed("takeover") == 1
     original, continuation = legs(chaos, model)
@@ -275,9 +259,7 @@ def test_responses_retrieve_after_a_crash_is_exact_with_rechunked_legs(
     a, b = replicas.start("A", "B")
     first: list[Any] = []
     with sdk(a) as client:
-        raw = client.responses.with_raw_response.create(model=model, input="x", stream=True)
-        run_id = raw.headers["x-run-id"]
-        stream = raw.parse()
+        run_id, stream = start_response(client, model)
         for event in stream:
             first.append(event)
             assert state(store, run_id)["seq"] >= len(first)
@@ -290,14 +272,7 @@ def test_responses_retrieve_after_a_crash_is_exact_with_rechunked_legs(
                 first.append(event)
     assert len(first) <= seq, "the client got ahead of the checkpoint"
     assert held
-    response_id = first[0].response.id
-    with sdk(b) as client:
-        last = first[-1].sequence_number
-        rest = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
-    streamed = Streamed(events=first + rest)
-    check_contract(streamed)
-    assert streamed.text() == expected_answer(model).text
-    assert streamed.events[-1].type == "response.completed"
+    check_retrieved(b, first, model)
     assert b.resumed("takeover") == 1
     original, continuation = legs(chaos, model)
     check_leg_variance("rechunk", model, original, continuation)

@@ -12,6 +12,7 @@ differently.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -19,22 +20,37 @@ import pytest
 import redis
 
 from gateway.chaos import ChaosUpstream
-from tests.api.streams import Received, assert_whole_text_answer, resume, start
-from tests.durable.two_replicas import drain, sdk
+from tests.api.streams import Received, assert_whole_text_answer
+from tests.durable.two_replicas import drain, resume_on, started
 from tests.processes import Replicas, replica_config, wait_until
 from tests.redis_cluster import RedisClusterNodes
 from tests.redis_server import RedisSentinels, RedisServer
+
+
+@pytest.fixture
+def replicas(
+    topology: RedisSentinels | RedisClusterNodes, chaos: ChaosUpstream, tmp_path: Path
+) -> Iterator[Replicas]:
+    """The replicas of ``conftest.py`` on the ``topology`` instead."""
+    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, topology.url)
+    chaos.requests.clear()
+    with Replicas(config, tmp_path) as running:
+        yield running
+
+
+def primary_holding(topology: RedisSentinels | RedisClusterNodes, run_id: str) -> RedisServer:
+    """The Redis primary that holds the run now (Cluster: the primary of its slot)."""
+    key = f"rg:{{{run_id}}}:state"
+    return (
+        topology.primary_of(key) if isinstance(topology, RedisClusterNodes) else topology.primary()
+    )
 
 
 def _state(topology: RedisSentinels | RedisClusterNodes, run_id: str) -> dict[str, object] | None:
     """The run's checkpoint state as the current primary has it; None while failing over."""
     key = f"rg:{{{run_id}}}:state"
     try:
-        if isinstance(topology, RedisClusterNodes):
-            url = topology.primary_of(key).url
-        else:
-            url = topology.primary().url
-        client = redis.Redis.from_url(url, socket_timeout=1)
+        client = redis.Redis.from_url(primary_holding(topology, run_id).url, socket_timeout=1)
         try:
             raw = client.get(key)
         finally:
@@ -46,77 +62,59 @@ def _state(topology: RedisSentinels | RedisClusterNodes, run_id: str) -> dict[st
 
 @pytest.mark.timeout(120)
 def test_a_redis_failover_then_a_dead_replica_still_resume_exactly(
-    topology: RedisSentinels | RedisClusterNodes, chaos: ChaosUpstream, tmp_path: Path
+    topology: RedisSentinels | RedisClusterNodes, replicas: Replicas
 ) -> None:
-    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, topology.url)
-    chaos.requests.clear()
     model = "chaos:text=400,seed=71,pace_ms=20,rechunk=1"
-    with Replicas(config, tmp_path) as replicas:
-        a, b = replicas.start("A", "B")
-        received = Received()
-        with sdk(a) as client_a:
-            run_id, stream = start(client_a, model, received, 10)
-            primary: RedisServer = (
-                topology.primary_of(f"rg:{{{run_id}}}:state")
-                if isinstance(topology, RedisClusterNodes)
-                else topology.primary()
-            )
-            assert primary.process is not None
-            primary.process.kill()  # SIGKILL: the run's Redis primary is gone
-            primary.process.wait(10)
-            killed = time.monotonic()
-            # The stream goes on through the failover; once it is over, the checkpoint
-            # catches up with everything the client has (rewritten whole).
-            for chunk in stream:
-                received.feed(chunk)
-                checkpoint = _state(topology, run_id) if time.monotonic() - killed > 1 else None
-                if checkpoint is not None and int(str(checkpoint["seq"])) >= received.chunks:
-                    if time.monotonic() - killed > 2:
-                        break
-            else:
-                pytest.fail("the answer ended before the failover was over")
-            a.freeze()
-            a.kill()
-            drain(stream, received)
-        assert received.finish_reasons == [], "A finished before it was killed"
-        checkpoint = _state(topology, run_id)
-        assert checkpoint is not None and int(str(checkpoint["seq"])) >= received.chunks
-        with sdk(b) as client_b:
-            resume(client_b, model, run_id, received)
-        assert_whole_text_answer(received, model)
-        wait_until(lambda: b.resumed("takeover") == 1, "B took the run over")
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with started(a, model, received, 10) as (run_id, stream):
+        primary = primary_holding(topology, run_id)
+        assert primary.process is not None
+        primary.process.kill()  # SIGKILL: the run's Redis primary is gone
+        primary.process.wait(10)
+        killed = time.monotonic()
+        # The stream goes on through the failover; once it is over, the checkpoint
+        # catches up with everything the client has (rewritten whole).
+        for chunk in stream:
+            received.feed(chunk)
+            checkpoint = _state(topology, run_id) if time.monotonic() - killed > 1 else None
+            if checkpoint is not None and int(str(checkpoint["seq"])) >= received.chunks:
+                if time.monotonic() - killed > 2:
+                    break
+        else:
+            pytest.fail("the answer ended before the failover was over")
+        a.freeze()
+        a.kill()
+        drain(stream, received)
+    assert received.finish_reasons == [], "A finished before it was killed"
+    checkpoint = _state(topology, run_id)
+    assert checkpoint is not None and int(str(checkpoint["seq"])) >= received.chunks
+    resume_on(b, model, run_id, received)
+    assert_whole_text_answer(received, model)
+    wait_until(lambda: b.resumed("takeover") == 1, "B took the run over")
 
 
 @pytest.mark.timeout(120)
 def test_a_resume_that_meets_the_failover_waits_for_the_promoted_primary(
-    topology: RedisSentinels | RedisClusterNodes, chaos: ChaosUpstream, tmp_path: Path
+    topology: RedisSentinels | RedisClusterNodes, replicas: Replicas
 ) -> None:
     """The run's replica and its Redis primary die together, and the client resumes on
     the other replica at once, while the replica is not promoted yet: the resume waits
     for it (a bounded time) and takes the run over, where it answered 503 before."""
-    config = replica_config(tmp_path / "gateway.yaml", chaos.base_url, topology.url)
-    chaos.requests.clear()
     model = "chaos:text=200,seed=72,pace_ms=20,rechunk=1"
-    with Replicas(config, tmp_path) as replicas:
-        a, b = replicas.start("A", "B")
-        received = Received()
-        with sdk(a) as client_a:
-            run_id, stream = start(client_a, model, received, 10)
-            wait_until(
-                lambda: int(str((_state(topology, run_id) or {}).get("seq", 0))) >= 10,
-                "A checkpoints what the client has",
-            )
-            primary: RedisServer = (
-                topology.primary_of(f"rg:{{{run_id}}}:state")
-                if isinstance(topology, RedisClusterNodes)
-                else topology.primary()
-            )
-            assert primary.process is not None
-            a.freeze()
-            primary.process.kill()
-            a.kill()
-            drain(stream, received)
-        with sdk(b) as client_b:
-            resume(client_b, model, run_id, received)
-        assert_whole_text_answer(received, model)
-        wait_until(lambda: b.resumed("takeover") == 1, "B took the run over")
+    a, b = replicas.start("A", "B")
+    received = Received()
+    with started(a, model, received, 10) as (run_id, stream):
+        wait_until(
+            lambda: int(str((_state(topology, run_id) or {}).get("seq", 0))) >= 10,
+            "A checkpoints what the client has",
+        )
+        primary = primary_holding(topology, run_id)
+        assert primary.process is not None
+        a.freeze()
+        primary.process.kill()
+        a.kill()
+        drain(stream, received)
+    resume_on(b, model, run_id, received)
+    assert_whole_text_answer(received, model)
+    wait_until(lambda: b.resumed("takeover") == 1, "B took the run over")

@@ -24,7 +24,6 @@ import openai
 import orjson
 import pytest
 import redis
-from openai import OpenAI
 from redis.crc import key_slot
 
 from gateway.chaos import ChaosUpstream
@@ -34,18 +33,13 @@ from gateway.checkpoint.scripts import CLAIM_SCRIPT
 from gateway.checkpoint.store import CheckpointStore, MemoryStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
-from tests.api.streams import Received, assert_whole_text_answer, receive, resume, start
-from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
+from tests.api.streams import Received, assert_whole_text_answer, receive
+from tests.durable.two_replicas import resume_on, started, state
+from tests.processes import Replica, Replicas, replica_config, wait_until
 from tests.redis_cluster import RedisClusterNodes, running_cluster
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer
 
 LEASE = 0.2  # seconds: A's lease, short so that the tests can let it lapse
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -331,8 +325,6 @@ def test_a_fenced_writer_tells_its_run_and_never_writes_it_again(
 
 # -- real replicas -----------------------------------------------------------------------
 
-CREDENTIAL = "sk-owner"
-
 
 @pytest.fixture
 def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) -> Iterator[Replicas]:
@@ -342,26 +334,11 @@ def replicas(chaos: ChaosUpstream, redis_server: RedisServer, tmp_path: Path) ->
         yield running
 
 
-@pytest.fixture
-def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-def sdk(replica: Replica) -> OpenAI:
-    return OpenAI(base_url=replica.base_url, api_key=CREDENTIAL, max_retries=0, timeout=DEADLINE)
-
-
 def stored(store: redis.Redis, run_id: str) -> tuple[dict[str, Any], list[Any]]:
     """A run's state and event log, as Redis holds them."""
-    raw = store.get(f"rg:{{{run_id}}}:state")
-    assert raw is not None, f"run {run_id} has no checkpoint"
-    state: dict[str, Any] = orjson.loads(raw)
+    checkpoint = state(store, run_id)
     log: list[Any] = store.xrange(f"rg:{{{run_id}}}:events")  # type: ignore[assignment]
-    return state, log
+    return checkpoint, log
 
 
 def fenced_writes(replica: Replica) -> float:
@@ -381,15 +358,13 @@ def test_a_replica_paused_past_its_lease_loses_the_run_and_tells_its_client_to_r
     model = "chaos:text=60,seed=41,pace_ms=20,fault=stall,at=20,times=1"
     a, b = replicas.start("A", "B")
     received = Received()
-    with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 8)
+    with started(a, model, received, 8) as (run_id, stream):
         wait_until(lambda: stored(store, run_id)[0]["seq"] >= received.chunks, "a checkpoint")
         a.freeze()  # a long pause: A neither relays nor renews its lease
         # A's client gives up on A and resumes on B, which tails the run until A's lease
         # lapses, then takes it over and finishes it.
         elsewhere = copy.deepcopy(received)
-        with sdk(b) as client_b:
-            resume(client_b, model, run_id, elsewhere)
+        resume_on(b, model, run_id, elsewhere)
         assert_whole_text_answer(elsewhere, model)
         assert b.resumed("takeover") == 1
         b_state, b_log = stored(store, run_id)
@@ -407,6 +382,5 @@ def test_a_replica_paused_past_its_lease_loses_the_run_and_tells_its_client_to_r
     assert stored(store, run_id) == (b_state, b_log)
     assert not store.exists(f"rg:{{{run_id}}}:lease")
     # And the client, resuming as it was told, gets the rest of B's answer.
-    with sdk(b) as client_b:
-        resume(client_b, model, run_id, received)
+    resume_on(b, model, run_id, received)
     assert_whole_text_answer(received, model)

@@ -17,13 +17,12 @@ import httpx2
 import orjson
 import pytest
 import redis
-import yaml
 
 from gateway.chaos import ChaosUpstream, expected_answer
 from gateway.chaos import gemini as chaos_gemini
 from tests.api.test_gemini import check_contract, events, parts, text
 from tests.durable.test_messages_replicas import kill_when_checkpointed_ahead
-from tests.processes import DEADLINE, Replica, Replicas, replica_config
+from tests.processes import DEADLINE, Replica, Replicas, add_upstream, replica_config
 from tests.redis_server import RedisServer
 
 KEY = "google-key-owner"
@@ -41,15 +40,7 @@ def gemini_replicas(
     """The replicas of ``conftest.py``, with an upstream of ``kind: gemini`` on the chaos
     server and a catch-all route to it after the openai-kind one."""
     path = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
-    config = yaml.safe_load(path.read_text())
-    (openai_kind,) = config["upstreams"]
-    (route,) = config["routes"]
-    base_url = chaos.base_url.removesuffix("/v1") + "/v1beta"
-    config["upstreams"].append(
-        openai_kind | {"name": "gemini", "kind": "gemini", "base_url": base_url}
-    )
-    config["routes"].append(route | {"upstream": "gemini"})
-    path.write_text(yaml.safe_dump(config))
+    add_upstream(path, "gemini", "gemini", chaos.base_url.removesuffix("/v1") + "/v1beta")
     chaos.requests.clear()
     with Replicas(path, tmp_path) as running:
         yield running

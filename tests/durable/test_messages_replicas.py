@@ -28,12 +28,11 @@ import httpx2
 import orjson
 import pytest
 import redis
-import yaml
-from anthropic.types import MessageParam
+from anthropic.types import MessageParam, RawMessageStreamEvent
 
 from gateway.chaos import ChaosUpstream, expected_answer, thinking_signature
 from tests.durable.two_replicas import AUTH, CREDENTIAL, state
-from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
+from tests.processes import DEADLINE, Replica, Replicas, add_upstream, replica_config, wait_until
 from tests.redis_server import RedisServer
 
 MESSAGES: list[MessageParam] = [{"role": "user", "content": "Tell me a story."}]
@@ -51,15 +50,7 @@ def anthropic_replicas(
     of ``kind: anthropic`` on the chaos server and a catch-all route to it after the
     openai-kind one."""
     path = replica_config(tmp_path / "gateway.yaml", chaos.base_url, redis_server.url)
-    config = yaml.safe_load(path.read_text())
-    (openai_kind,) = config["upstreams"]
-    (route,) = config["routes"]
-    base_url = chaos.base_url.removesuffix("/v1")
-    config["upstreams"].append(
-        openai_kind | {"name": "claude", "kind": "anthropic", "base_url": base_url}
-    )
-    config["routes"].append(route | {"upstream": "claude"})
-    path.write_text(yaml.safe_dump(config))
+    add_upstream(path, "claude", "anthropic", chaos.base_url.removesuffix("/v1"))
     chaos.requests.clear()
     with Replicas(path, tmp_path) as running:
         yield running
@@ -228,6 +219,17 @@ def kill_when_checkpointed_ahead(
     a.kill()
 
 
+def start_stream(
+    client: anthropic.Anthropic, model: str
+) -> tuple[str, anthropic.Stream[RawMessageStreamEvent]]:
+    """A Messages stream of ``model`` started as Claude Code calls it (``?beta=true``):
+    its run id, and the stream, not read yet."""
+    raw = client.messages.with_raw_response.create(
+        model=model, max_tokens=MAX_TOKENS, messages=MESSAGES, stream=True, extra_query=BETA
+    )
+    return raw.headers["x-run-id"], raw.parse()
+
+
 def read_then_kill(
     a: Replica, store: redis.Redis, model: str, count: int
 ) -> tuple[str, list[dict[str, Any]]]:
@@ -235,15 +237,7 @@ def read_then_kill(
     once its checkpoint is ahead of the client: (run id, the events the client has)."""
     first: list[dict[str, Any]] = []
     with sdk(a) as client:
-        raw = client.messages.with_raw_response.create(
-            model=model,
-            max_tokens=MAX_TOKENS,
-            messages=MESSAGES,
-            stream=True,
-            extra_query=BETA,  # as Claude Code calls it
-        )
-        run_id = raw.headers["x-run-id"]
-        stream = raw.parse()
+        run_id, stream = start_stream(client, model)
         for event in stream:
             first.append(event.to_dict(mode="json"))
             if len(first) == count:
@@ -313,15 +307,8 @@ def test_events_of_a_finished_run_replay_on_another_replica(
     model = "chaos:text=30,seed=43,reasoning=3,tools=2"
     a, b = anthropic_replicas.start("A", "B")
     with sdk(a) as client:
-        raw = client.messages.with_raw_response.create(
-            model=model,
-            max_tokens=MAX_TOKENS,
-            messages=MESSAGES,
-            stream=True,
-            extra_query=BETA,  # as Claude Code calls it
-        )
-        run_id = raw.headers["x-run-id"]
-        with raw.parse() as stream:
+        run_id, stream = start_stream(client, model)
+        with stream:
             got = [event.to_dict(mode="json") for event in stream]
     check_whole_answer(got, model)
     wait_until(lambda: state(store, run_id)["status"] == "done", "A records the run done")

@@ -11,7 +11,6 @@ connection to it must not be able to write there, nor be told its write was safe
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -28,13 +27,20 @@ from gateway.checkpoint.redis import CLUSTER_RUN_TIMEOUT, RedisStore
 from gateway.checkpoint.scripts import NOT_PRIMARY, run_keys
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
-from tests.api.streams import MESSAGES, Received, start
-from tests.durable.test_redis_topologies import Run, needs_cluster, needs_redis
-from tests.durable.test_replicated_writes import WAIT, stored, write
-from tests.durable.two_replicas import sdk
+from tests.api.streams import MESSAGES, Received
+from tests.durable.test_redis_topologies import Run, needs_cluster, needs_redis, opened
+from tests.durable.test_replicated_writes import WAIT, stored, waiting, write
+from tests.durable.two_replicas import started
 from tests.processes import Replicas, replica_config, wait_until
 from tests.redis_cluster import RedisClusterNodes, port_of, running_cluster
-from tests.redis_server import RedisSentinels, RedisServer, local_redis, running_sentinels
+from tests.redis_server import (
+    RedisSentinels,
+    RedisServer,
+    frozen,
+    local_redis,
+    role,
+    running_sentinels,
+)
 
 
 def promoted(topology: RedisSentinels, old: RedisServer, within: float = 20) -> RedisServer:
@@ -48,21 +54,10 @@ def promoted(topology: RedisSentinels, old: RedisServer, within: float = 20) -> 
     raise AssertionError("the sentinels never promoted the replica")
 
 
-def role(server: RedisServer) -> str:
-    client = redis.Redis.from_url(server.url, socket_timeout=2)
-    try:
-        info: Any = client.info("replication")
-    finally:
-        client.close()
-    return str(info["role"])
-
-
 @needs_redis
 def test_a_deposed_primary_that_wakes_up_still_a_primary_takes_no_write() -> None:
     with running_sentinels(down_after_ms=1000, failover_timeout_ms=3000) as topology:
         old, replica = topology.servers
-        process = old.process
-        assert process is not None
         run = Run("deposed")
 
         async def go() -> None:
@@ -73,12 +68,9 @@ def test_a_deposed_primary_that_wakes_up_still_a_primary_takes_no_write() -> Non
                 assert applied == [Applied.WRITTEN]
                 # The pool holds a connection to the primary as it is now. Paused past
                 # down-after, it is deposed while it sleeps; woken, it is a primary still.
-                process.send_signal(signal.SIGSTOP)
-                try:
+                with frozen(old):
                     new = promoted(topology, old)
                     assert new is replica
-                finally:
-                    process.send_signal(signal.SIGCONT)
                 assert role(old) == "master"  # for a few seconds: the window that mattered
                 before = stored(old, run)
                 # 1. A process that has not noticed anything (no pause, no failure: the
@@ -125,8 +117,7 @@ def test_a_primary_whose_replica_left_is_still_waited_for() -> None:
         run = Run("left")
 
         async def go() -> None:
-            store = RedisStore(primary.url, wait_replicas=None, wait_timeout=WAIT)
-            try:
+            async with waiting(primary.url) as store:
                 assert (await write(store, [run]))[0] == [Applied.WRITTEN]
                 # The replica leaves cleanly (as one reconfigured to follow another does).
                 client = redis.Redis.from_url(replica.url)
@@ -138,8 +129,6 @@ def test_a_primary_whose_replica_left_is_still_waited_for() -> None:
                 applied, _ = await write(store, [run])
                 # auto once asked one replica of this primary: it does not fall to none.
                 assert applied == [Applied.UNREPLICATED]
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
 
@@ -148,16 +137,12 @@ def test_a_primary_whose_replica_left_is_still_waited_for() -> None:
 def test_a_claim_no_replica_acknowledged_is_not_a_claim() -> None:
     with running_sentinels() as topology:
         primary, replica = topology.servers
-        process = replica.process
-        assert process is not None
         run = Run("claimed")
 
         async def go() -> None:
-            store = RedisStore(primary.url, wait_replicas=None, wait_timeout=WAIT)
-            try:
+            async with waiting(primary.url) as store:
                 assert (await write(store, [run]))[0] == [Applied.WRITTEN]
-                process.send_signal(signal.SIGSTOP)
-                try:
+                with frozen(replica):
                     lease = run_keys(run.id)[3]
                     client = redis.Redis.from_url(primary.url)
                     try:
@@ -166,8 +151,6 @@ def test_a_claim_no_replica_acknowledged_is_not_a_claim() -> None:
                         client.close()
                     with pytest.raises(ConnectionError, match="acknowledged the claim"):
                         await store.claim(run.id, "b/1", 5.0)
-                finally:
-                    process.send_signal(signal.SIGCONT)
                 # Acknowledged now: the claim (the same one, idempotent) stands.
                 deadline = time.monotonic() + 5
                 while True:
@@ -178,8 +161,6 @@ def test_a_claim_no_replica_acknowledged_is_not_a_claim() -> None:
                         assert time.monotonic() < deadline
                         await asyncio.sleep(0.2)
                 assert epoch == 1
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
 
@@ -190,8 +171,7 @@ def test_a_flush_sent_again_is_stored_once() -> None:
         run = Run("twice")
 
         async def go() -> None:
-            store = RedisStore(server.url)
-            try:
+            async with opened(server.url) as store:
                 run.add(3)
                 flush = run.flush(b"key", rewrite=False)
                 assert await store.write([flush]) == [Applied.WRITTEN]
@@ -204,8 +184,6 @@ def test_a_flush_sent_again_is_stored_once() -> None:
                     redis.Redis.from_url(server.url).get(run_keys(run.id)[2]) or b""
                 )
                 assert state["seq"] == 5
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
 
@@ -230,8 +208,7 @@ def test_a_cluster_primary_that_forgot_the_script_or_lost_its_slots_is_written_a
         replica = cluster.replica_of(primary)
 
         async def go() -> None:
-            store = RedisStore(cluster.url, wait_replicas=None, wait_timeout=WAIT)
-            try:
+            async with waiting(cluster.url) as store:
                 assert set((await write(store, runs))[0]) == {Applied.WRITTEN}
                 # NOSCRIPT: the primary forgot the script (a restart, a promotion).
                 redis.Redis.from_url(primary.url).script_flush()
@@ -253,8 +230,6 @@ def test_a_cluster_primary_that_forgot_the_script_or_lost_its_slots_is_written_a
                     assert stored(cluster.primary_of(f"rg:{{{run.id}}}:state"), run) == len(
                         run.events
                     )
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
 
@@ -265,24 +240,16 @@ def test_a_blackholed_cluster_primary_fails_its_runs_alone_and_in_bounded_time()
         runs = [Run(f"hole-{i}") for i in range(12)]
         by_port = _by_primary(cluster, runs)
         port = next(iter(by_port))
-        process = cluster.node(port).process
-        assert process is not None
 
         async def go() -> None:
-            store = RedisStore(cluster.url, wait_replicas=None, wait_timeout=WAIT)
-            try:
+            async with waiting(cluster.url) as store:
                 assert set((await write(store, runs))[0]) == {Applied.WRITTEN}
-                process.send_signal(signal.SIGSTOP)  # it takes the packets, answers none
-                try:
+                with frozen(cluster.node(port)):  # it takes the packets, answers none
                     applied, took = await write(store, runs)
-                finally:
-                    process.send_signal(signal.SIGCONT)
                 cut = {run.id for run in by_port[port]}
                 for run, result in zip(runs, applied, strict=True):
                     assert result is (Applied.FAILED if run.id in cut else Applied.WRITTEN)
                 assert took < CLUSTER_RUN_TIMEOUT + WAIT + 1.0
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
 
@@ -336,8 +303,6 @@ def test_a_tail_gives_out_only_what_a_replica_acknowledged(
     run would go on from the store without them: that client would then be ahead)."""
     with running_sentinels() as topology:
         primary, replica = topology.servers
-        frozen = replica.process
-        assert frozen is not None
         config = replica_config(
             tmp_path / "gateway.yaml",
             chaos.base_url,
@@ -349,16 +314,14 @@ def test_a_tail_gives_out_only_what_a_replica_acknowledged(
         with Replicas(config, tmp_path) as replicas:
             a, b = replicas.start("A", "B")
             received = Received()
-            with sdk(a) as client_a:
-                run_id, stream = start(client_a, model, received, 5)
+            with started(a, model, received, 5) as (run_id, stream):
                 store = redis.Redis.from_url(primary.url)
 
                 def state_now() -> dict[str, Any]:
                     state: dict[str, Any] = orjson.loads(store.get(key.format(run_id)) or b"{}")
                     return state
 
-                frozen.send_signal(signal.SIGSTOP)
-                try:
+                with frozen(replica):
                     wait_until(
                         lambda: state_now().get("seq", 0) > (state_now().get("acked") or 0) + 5,
                         "the owner writes what no replica acknowledges",
@@ -383,8 +346,6 @@ def test_a_tail_gives_out_only_what_a_replica_acknowledged(
                     acked = state_now()["acked"]
                     given = received.chunks + tailed.count(b"data: ")
                     assert given <= acked < state_now()["seq"]
-                finally:
-                    frozen.send_signal(signal.SIGCONT)
                 stream.close()
 
 
@@ -397,8 +358,7 @@ def test_a_log_is_never_stored_with_a_gap() -> None:
         run = Run("gap")
 
         async def go() -> None:
-            store = RedisStore(server.url)
-            try:
+            async with opened(server.url) as store:
                 run.add(5)
                 assert await store.write([run.flush(b"key", rewrite=False)]) == [Applied.WRITTEN]
                 run.add(4)
@@ -410,8 +370,6 @@ def test_a_log_is_never_stored_with_a_gap() -> None:
                 assert applied == [Applied.WRITTEN]
                 checkpoint = await store.load(run.id)
                 assert checkpoint is not None and checkpoint.events == run.events
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
 

@@ -47,7 +47,7 @@ from gateway.checkpoint.redis import RedisStore
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
 from tests.redis_cluster import RedisClusterNodes, port_of, running_cluster
-from tests.redis_server import RedisServer, local_redis, running_sentinels
+from tests.redis_server import RedisServer, local_redis, role, running_sentinels
 
 needs_redis = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="needs redis-server (scripts/install)"
@@ -291,17 +291,6 @@ async def produce(writer: CheckpointWriter, runs: Sequence[Run], stop: asyncio.E
         await asyncio.sleep(0.02)
 
 
-def role(server: RedisServer) -> str | None:
-    client = redis.Redis.from_url(server.url, socket_timeout=1)
-    try:
-        info: dict[str, Any] = client.info("replication")
-        return str(info["role"])
-    except redis.RedisError:
-        return None
-    finally:
-        client.close()
-
-
 async def wait_for_promotion(replica: RedisServer, killed: float, within: float) -> float:
     """Seconds from the kill until ``replica`` is a primary (the first node to know)."""
     loop = asyncio.get_running_loop()
@@ -319,8 +308,9 @@ async def wait_until(predicate: Callable[[], bool], within: float, message: str)
 
 
 @contextlib.asynccontextmanager
-async def opened(url: str) -> AsyncIterator[RedisStore]:
-    store = RedisStore(url)
+async def opened(url: str, **settings: Any) -> AsyncIterator[RedisStore]:
+    """The store at ``url`` (``RedisStore``'s ``settings``), closed on exit."""
+    store = RedisStore(url, **settings)
     try:
         yield store
     finally:
@@ -415,6 +405,51 @@ def check_timeline(timeline: Timeline) -> None:
     assert failover - 0.1 < back < failover + 2.0, timeline.report()
 
 
+@contextlib.asynccontextmanager
+async def writing(store: RedisStore, metrics: Metrics, runs: Sequence[Run]) -> AsyncIterator[None]:
+    """A writer checkpointing ``runs`` while their events keep coming, from their first
+    writes on; on exit the events stop, the runs finish, and each must be written whole."""
+    writer = CheckpointWriter(store, metrics, lease_ttl=LEASE)
+    writer.start()
+    stop = asyncio.Event()
+    producing = asyncio.get_running_loop().create_task(produce(writer, runs, stop))
+    await wait_until(lambda: all(run.flushed_seq >= 10 for run in runs), 5, "no first writes")
+    yield
+    stop.set()
+    await producing
+    finish(writer, runs)
+    await wait_until(lambda: not writer._due, 5, "last writes not done")
+    await writer.aclose()
+    assert all(run.flushed_seq == len(run.events) for run in runs)
+
+
+@contextlib.asynccontextmanager
+async def probing(store: RedisStore, timeline: Timeline, killed: float) -> AsyncIterator[None]:
+    """``store`` checked as /readyz does (``probe_readiness``) into ``timeline``; on exit,
+    once a check passed again."""
+    probed = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(probe_readiness(store, timeline, killed, probed))
+    yield
+    await wait_until(lambda: timeline.ready_back is not None, 5, "never ready again")
+    probed.set()
+    await task
+
+
+def failover_report(
+    topology: str, lagging: bool, timeline: Timeline, kept: Sequence[int], metrics: Metrics
+) -> str:
+    """What a failover test records: its timeline, and the witness events it lost."""
+    lost = sum(10 - count for count in kept)
+    return (
+        f"{topology} ({'lagging replica' if lagging else 'default'}): "
+        f"{timeline.report()}; acknowledged witness events lost on "
+        f"failover: {lost} of {10 * len(kept)} "
+        f"({sum(count < 10 for count in kept)} of {len(kept)} witness runs); "
+        f"checkpoint writes ok {writes(metrics, 'ok'):.0f}, "
+        f"failed {writes(metrics, 'error'):.0f}"
+    )
+
+
 # -- Cluster -----------------------------------------------------------------------------
 
 
@@ -464,72 +499,51 @@ def test_cluster_primary_killed_mid_run_fails_over_and_the_other_runs_go_on(
 
         async def go() -> None:
             loop = asyncio.get_running_loop()
-            async with opened(cluster.url) as store:
-                writer = CheckpointWriter(store, metrics, lease_ttl=LEASE)
-                writer.start()
-                stop = asyncio.Event()
-                producing = loop.create_task(produce(writer, runs, stop))
-                await wait_until(
-                    lambda: all(run.flushed_seq >= 10 for run in runs), 5, "no first writes"
-                )
+            async with opened(cluster.url) as store, writing(store, metrics, runs):
                 await store.ping()  # ready (a gateway's readiness is polled from its start)
                 await kill_primary(store, victim_node, replica, witnesses, lagging=lagging)
                 killed = loop.time()
                 at_kill = {run.id: run.flushed_seq for run in runs}
-                probed = asyncio.Event()
-                probing = loop.create_task(probe_readiness(store, timeline, killed, probed))
+                async with probing(store, timeline, killed):
+                    # At once, before the cluster even notices: one batch, one run per
+                    # primary. The dead primary's run fails, alone; the others are written.
+                    probes = {port: Run(run_ids[0]) for port, run_ids in probe_ids.items()}
+                    for run in probes.values():
+                        run.add(2)
+                    ports = sorted(probes)
+                    applied = await store.write(
+                        [probes[p].flush(b"k", rewrite=True) for p in ports]
+                    )
+                    assert applied == [
+                        Applied.FAILED if p == victim_port else Applied.WRITTEN for p in ports
+                    ]
+                    # A batch of nothing but the dead primary's runs is the store down: it
+                    # raises, as standalone Redis does (the writer backs off).
+                    with pytest.raises(redis.RedisError):
+                        await store.write([probes[victim_port].flush(b"k", rewrite=True)])
 
-                # At once, before the cluster even notices: one batch, one run per
-                # primary. The dead primary's run fails, alone; the others are written.
-                probes = {port: Run(run_ids[0]) for port, run_ids in probe_ids.items()}
-                for run in probes.values():
-                    run.add(2)
-                ports = sorted(probes)
-                applied = await store.write([probes[p].flush(b"k", rewrite=True) for p in ports])
-                assert applied == [
-                    Applied.FAILED if p == victim_port else Applied.WRITTEN for p in ports
-                ]
-                # A batch of nothing but the dead primary's runs is the store down: it
-                # raises, as standalone Redis does (the writer backs off).
-                with pytest.raises(redis.RedisError):
-                    await store.write([probes[victim_port].flush(b"k", rewrite=True)])
-
-                # The replica takes the slots over.
-                timeline.failover = await wait_for_promotion(replica, killed, within=15)
-                # The other primaries' runs were written during the outage.
-                during = {run.id: run.flushed_seq - at_kill[run.id] for run in others}
-                assert all(during.values()), during
-                if lagging:  # and never failed: only Redis's CLUSTERDOWN fails them
-                    assert not any(run.unflushed_count for run in others)
-                await wait_until(
-                    lambda: all(run.flushed_seq > at_kill[run.id] for run in victims),
-                    10,
-                    "the dead primary's runs were never written again",
-                )
-                timeline.victims_written = loop.time() - killed
-                assert all(any(run.rewrites[1:]) for run in victims)  # rewritten whole
-                await wait_until(lambda: timeline.ready_back is not None, 5, "never ready again")
-                probed.set()
-                await probing
-                stop.set()
-                await producing
-                finish(writer, runs)
-                await wait_until(lambda: not writer._due, 5, "last writes not done")
-                await writer.aclose()
-                assert all(run.flushed_seq == len(run.events) for run in runs)
+                    # The replica takes the slots over.
+                    timeline.failover = await wait_for_promotion(replica, killed, within=15)
+                    # The other primaries' runs were written during the outage.
+                    during = {run.id: run.flushed_seq - at_kill[run.id] for run in others}
+                    assert all(during.values()), during
+                    if lagging:  # and never failed: only Redis's CLUSTERDOWN fails them
+                        assert not any(run.unflushed_count for run in others)
+                    await wait_until(
+                        lambda: all(run.flushed_seq > at_kill[run.id] for run in victims),
+                        10,
+                        "the dead primary's runs were never written again",
+                    )
+                    timeline.victims_written = loop.time() - killed
+                    assert all(any(run.rewrites[1:]) for run in victims)  # rewritten whole
             # A client that saw none of it (through a node alive: the URL names the dead one).
             async with opened(f"redis+cluster://127.0.0.1:{port_of(replica)}") as fresh:
                 await check_runs(fresh, runs)
                 kept = await surviving_witness_events(fresh, witnesses)
-            lost = sum(10 - count for count in kept)
             report = (
-                f"cluster ({'lagging replica' if lagging else 'default'}): "
-                f"{timeline.report()}; acknowledged witness events lost on "
-                f"failover: {lost} of {10 * len(witnesses)} "
-                f"({sum(count < 10 for count in kept)} of {len(witnesses)} witness runs); "
-                f"checkpoint writes ok {writes(metrics, 'ok'):.0f}, "
-                f"failed {writes(metrics, 'error'):.0f}; events checkpointed during the "
-                f"outage for the other primaries' runs: {sorted(during.values())}, "
+                f"{failover_report('cluster', lagging, timeline, kept, metrics)}; events "
+                f"checkpointed during the outage for the other primaries' runs: "
+                f"{sorted(during.values())}, "
                 f"their failed writes: {sum(run.unflushed_count for run in others)}"
             )
             print(report)
@@ -557,49 +571,24 @@ def test_sentinel_primary_killed_mid_run_fails_over_and_the_writer_recovers(
 
         async def go() -> None:
             loop = asyncio.get_running_loop()
-            async with opened(sentinels.url) as store:
-                writer = CheckpointWriter(store, metrics, lease_ttl=LEASE)
-                writer.start()
-                stop = asyncio.Event()
-                producing = loop.create_task(produce(writer, runs, stop))
-                await wait_until(
-                    lambda: all(run.flushed_seq >= 10 for run in runs), 5, "no first writes"
-                )
+            async with opened(sentinels.url) as store, writing(store, metrics, runs):
                 await store.ping()  # ready (a gateway's readiness is polled from its start)
                 await kill_primary(store, old, replica, witnesses, lagging=lagging)
                 killed = loop.time()
                 at_kill = {run.id: run.flushed_seq for run in runs}
-                probed = asyncio.Event()
-                probing = loop.create_task(probe_readiness(store, timeline, killed, probed))
-                timeline.failover = await wait_for_promotion(replica, killed, within=15)
-                await wait_until(
-                    lambda: all(run.flushed_seq > at_kill[run.id] for run in runs),
-                    10,
-                    "the runs were never written again",
-                )
-                timeline.victims_written = loop.time() - killed
-                assert all(any(run.rewrites[1:]) for run in runs)  # rewritten whole
-                await wait_until(lambda: timeline.ready_back is not None, 5, "never ready again")
-                probed.set()
-                await probing
-                stop.set()
-                await producing
-                finish(writer, runs)
-                await wait_until(lambda: not writer._due, 5, "last writes not done")
-                await writer.aclose()
-                assert all(run.flushed_seq == len(run.events) for run in runs)
+                async with probing(store, timeline, killed):
+                    timeline.failover = await wait_for_promotion(replica, killed, within=15)
+                    await wait_until(
+                        lambda: all(run.flushed_seq > at_kill[run.id] for run in runs),
+                        10,
+                        "the runs were never written again",
+                    )
+                    timeline.victims_written = loop.time() - killed
+                    assert all(any(run.rewrites[1:]) for run in runs)  # rewritten whole
             async with opened(sentinels.url) as fresh:
                 await check_runs(fresh, runs)
                 kept = await surviving_witness_events(fresh, witnesses)
-            lost = sum(10 - count for count in kept)
-            report = (
-                f"sentinel ({'lagging replica' if lagging else 'default'}): "
-                f"{timeline.report()}; acknowledged witness events lost on "
-                f"failover: {lost} of {10 * len(witnesses)} "
-                f"({sum(count < 10 for count in kept)} of {len(witnesses)} witness runs); "
-                f"checkpoint writes ok {writes(metrics, 'ok'):.0f}, "
-                f"failed {writes(metrics, 'error'):.0f}"
-            )
+            report = failover_report("sentinel", lagging, timeline, kept, metrics)
             print(report)
             record_property("failover", report)
 

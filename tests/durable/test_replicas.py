@@ -20,7 +20,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx2
 import openai
 import orjson
 import pytest
@@ -29,18 +28,20 @@ from openai import Stream
 from openai.types.chat import ChatCompletionChunk
 
 from gateway.chaos import ChaosUpstream, expected_answer
-from tests.api.streams import MESSAGES, Received, assert_whole_text_answer, resume, start
+from tests.api.streams import MESSAGES, Received, assert_whole_text_answer, resume
 from tests.durable.two_replicas import (
-    AUTH,
     continued_prefix,
     drain,
     lease_held,
-    read_events,
+    posted,
+    read_rest,
+    resume_on,
     sdk,
+    started,
     state,
 )
 from tests.processes import DEADLINE, Replica, Replicas, replica_config, wait_until
-from tests.redis_server import local_redis
+from tests.redis_server import frozen, local_redis
 
 # -- live tail ------------------------------------------------------------------------
 
@@ -51,13 +52,11 @@ def test_sdk_resume_on_another_replica_tails_the_live_run(
     model = "chaos:text=100,seed=11,pace_ms=20"
     a, b = replicas.start("A", "B")
     received = Received()
-    with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 12)
+    with started(a, model, received, 12) as (run_id, stream):
         stream.close()  # the client goes away; A relays on
     assert state(store, run_id)["status"] == "running"
     assert lease_held(store, run_id)
-    with sdk(b) as client_b:
-        resume(client_b, model, run_id, received)
+    resume_on(b, model, run_id, received)
     assert_whole_text_answer(received, model)
     # B followed A through Redis: it neither took the run over nor asked the upstream.
     assert b.resumes() == {("tail", "ok"): 1.0}
@@ -71,12 +70,8 @@ def test_event_source_resume_on_another_replica_tails_with_consecutive_ids(
 ) -> None:
     model = "chaos:text=80,seed=12,pace_ms=20"
     a, b = replicas.start("A", "B")
-    body = {"model": model, "messages": MESSAGES, "stream": True}
     before: list[bytes] = []
-    with (
-        httpx2.Client(timeout=DEADLINE) as http,
-        http.stream("POST", a.base_url + "/chat/completions", json=body, headers=AUTH) as first,
-    ):
+    with posted(a, model) as first:
         run_id = first.headers["x-run-id"]
         buffer = b""
         for data in first.iter_raw():
@@ -85,10 +80,8 @@ def test_event_source_resume_on_another_replica_tails_with_consecutive_ids(
             before += complete
             if len(before) >= 9:
                 break
-    events = read_events(f"{b.base_url}/runs/{run_id}/events", len(before))
-    assert [n for n, _ in events] == list(range(len(before) + 1, len(before) + 1 + len(events)))
-    assert events[-1][1] == b"[DONE]"
-    payloads = [e.removeprefix(b"data: ") for e in before] + [d for _, d in events[:-1]]
+    rest = read_rest(b, run_id, len(before))
+    payloads = [e.removeprefix(b"data: ") for e in before] + rest[:-1]
     chunks = [orjson.loads(p) for p in payloads]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == expected_answer(model).text
@@ -136,8 +129,7 @@ def test_with_sync_durability_no_client_is_ever_ahead_of_the_store(
     model = "chaos:text=60,seed=69,pace_ms=10"
     a, b = replicas.start("A", "B")
     received = Received()
-    with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 1)
+    with started(a, model, received, 1) as (run_id, stream):
         for chunk in stream:
             received.feed(chunk)
             # Read after the chunk arrived: the checkpoint holding it was acknowledged first.
@@ -147,8 +139,7 @@ def test_with_sync_durability_no_client_is_ever_ahead_of_the_store(
                 a.kill()
                 break
         drain(stream, received)
-    with sdk(b) as client_b:
-        resume(client_b, model, run_id, received)
+    resume_on(b, model, run_id, received)
     assert_whole_text_answer(received, model)
     assert b.resumed("takeover") == 1
 
@@ -159,14 +150,12 @@ def test_sdk_resume_after_the_owner_is_killed_takes_the_run_over(
     model = "chaos:text=80,seed=68,pace_ms=25"
     a, b = replicas.start("A", "B")
     received = Received()
-    with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 8)
+    with started(a, model, received, 8) as (run_id, stream):
         seq = kill_behind(a, store, run_id, received)
         stream.close()
         assert received.chunks < seq
     assert received.finish_reasons == [], "A finished before it was killed"
-    with sdk(b) as client_b:
-        resume(client_b, model, run_id, received)
+    resume_on(b, model, run_id, received)
     assert_whole_text_answer(received, model)
     assert b.resumed("takeover") == 1
     # One continuation, from exactly the text A had checkpointed.
@@ -198,8 +187,7 @@ def test_a_requests_own_fallbacks_survive_a_takeover(
         kill_behind(a, store, run_id, received)
         stream.close()
     assert state(store, run_id)["leg"] == 1  # on the fallback when A died
-    with sdk(b) as client_b:
-        resume(client_b, primary, run_id, received)
+    resume_on(b, primary, run_id, received)
     assert_whole_text_answer(received, fallback)
     assert b.resumed("takeover") == 1
     first, continuation = chaos.requests_for(fallback)
@@ -218,15 +206,11 @@ def test_redis_down_then_the_replica_dead_ends_in_the_explicit_error(
         config = replica_config(
             tmp_path / "gateway.yaml", chaos.base_url, server.url, state=settings
         )
-        redis_process = server.process
-        assert redis_process is not None
         with Replicas(config, tmp_path) as replicas:
             a, b = replicas.start("A", "B")
             received = Received()
-            with sdk(a) as client_a:
-                run_id, stream = start(client_a, model, received, 6)
-                redis_process.send_signal(signal.SIGSTOP)
-                try:
+            with started(a, model, received, 6) as (run_id, stream):
+                with frozen(server):
                     held = received.chunks
                     for chunk in stream:  # events come again once they go out unprotected
                         received.feed(chunk)
@@ -235,10 +219,8 @@ def test_redis_down_then_the_replica_dead_ends_in_the_explicit_error(
                     a.freeze()
                     a.kill()
                     drain(stream, received)
-                finally:
-                    redis_process.send_signal(signal.SIGCONT)
-            with sdk(b) as client_b, pytest.raises(openai.APIError) as raised:
-                resume(client_b, model, run_id, received)
+            with pytest.raises(openai.APIError) as raised:
+                resume_on(b, model, run_id, received)
             assert raised.value.code == "resume_not_exact"
             assert b.resumes()[("takeover", "not_exact")] == 1
             assert len(chaos.requests_for(model)) == 1  # nothing continued upstream
@@ -254,15 +236,14 @@ def test_a_client_ahead_of_the_checkpoint_is_told_its_answer_cannot_be_resumed_e
     model = "chaos:text=80,seed=68,pace_ms=25,sample=1"
     a, b = async_replicas.start("A", "B")
     received = Received()
-    with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 8)
+    with started(a, model, received, 8) as (run_id, stream):
         seq = kill_ahead(a, store, run_id, stream, received)
         drain(stream, received)  # events A wrote to the socket before it died
     assert received.chunks > seq  # the crash window: the client is ahead
     # A's lease has not expired yet: B tails the run (the stream starts) until it has,
     # then ends it with the error in band, which the SDK raises.
-    with sdk(b) as client_b, pytest.raises(openai.APIError) as raised:
-        resume(client_b, model, run_id, received)
+    with pytest.raises(openai.APIError) as raised:
+        resume_on(b, model, run_id, received)
     assert raised.value.code == "resume_not_exact"
     assert "cannot be resumed exactly" in raised.value.message
     assert b.resumes()[("takeover", "not_exact")] == 1
@@ -277,8 +258,7 @@ def test_takeover_of_a_checkpoint_with_completed_tool_calls_finishes_without_the
     answer = expected_answer(model)
     a, b = replicas.start("A", "B")
     received = Received()
-    with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 1)
+    with started(a, model, received, 1) as (run_id, stream):
         for chunk in stream:
             received.feed(chunk)
             if received.tool_calls:
@@ -292,8 +272,7 @@ def test_takeover_of_a_checkpoint_with_completed_tool_calls_finishes_without_the
     assert checkpoint["seq"] >= received.chunks
     completed = checkpoint["tool_calls"]
     assert 1 <= completed < len(answer.tool_calls)
-    with sdk(b) as client_b:
-        resume(client_b, model, run_id, received)
+    resume_on(b, model, run_id, received)
     assert received.text == answer.text
     assert received.finish_reasons == ["tool_calls"]
     expected_calls = [(c.id, c.name, c.arguments) for c in answer.tool_calls[:completed]]
@@ -313,8 +292,7 @@ def test_concurrent_resumes_after_the_owner_died_continue_the_upstream_once(
     model = "chaos:text=80,seed=114,pace_ms=25"  # no held seam early on, as seed 68 above
     a, b, c = replicas.start("A", "B", "C")
     received = Received()
-    with sdk(a) as client_a:
-        run_id, stream = start(client_a, model, received, 10)
+    with started(a, model, received, 10) as (run_id, stream):
         a.kill()
         stream.close()
     if lease == "held":

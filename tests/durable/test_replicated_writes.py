@@ -9,7 +9,7 @@ replica frozen with SIGSTOP stops acknowledging, as a lagging one does.
 from __future__ import annotations
 
 import asyncio
-import signal
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,11 +24,17 @@ from gateway.checkpoint.redis import RedisStore
 from gateway.checkpoint.replication import PROBE_WAIT
 from gateway.checkpoint.writer import CheckpointWriter
 from gateway.metrics import Metrics
-from tests.durable.test_redis_topologies import Run, needs_cluster, needs_redis, writes
+from tests.durable.test_redis_topologies import Run, needs_cluster, needs_redis, opened, writes
 from tests.redis_cluster import running_cluster
-from tests.redis_server import RedisServer, local_redis, running_sentinels
+from tests.redis_server import RedisServer, frozen, local_redis, running_sentinels
 
 WAIT = 0.5
+
+
+def waiting(url: str) -> contextlib.AbstractAsyncContextManager[RedisStore]:
+    """The store at ``url``, whose writes wait (``WAIT`` at most) for a replica's
+    acknowledgement, closed on exit."""
+    return opened(url, wait_replicas=None, wait_timeout=WAIT)
 
 
 def waits(server: RedisServer) -> int:
@@ -67,32 +73,24 @@ async def write(store: RedisStore, runs: Sequence[Run]) -> tuple[list[Applied], 
 def test_a_write_is_acknowledged_by_the_replica_and_a_frozen_replica_costs_one_wait() -> None:
     with running_sentinels() as topology:
         primary, replica = topology.servers
-        process = replica.process
-        assert process is not None
         run = Run("r1")
 
         async def go() -> None:
-            store = RedisStore(primary.url, wait_replicas=None, wait_timeout=WAIT)
-            try:
+            async with waiting(primary.url) as store:
                 applied, _ = await write(store, [run])
                 assert applied == [Applied.WRITTEN]
                 # WAIT returned: the replica has it, the moment the write returns.
                 assert stored(replica, run) == 1
-                process.send_signal(signal.SIGSTOP)
-                try:
+                with frozen(replica):
                     applied, took = await write(store, [run])
                     assert applied == [Applied.UNREPLICATED] and took >= WAIT * 0.9
                     # Behind: the next writes only probe it, briefly.
                     applied, took = await write(store, [run])
                     assert applied == [Applied.UNREPLICATED] and took < WAIT / 2
-                finally:
-                    process.send_signal(signal.SIGCONT)
                 deadline = time.monotonic() + 5
                 while (await write(store, [run]))[0] != [Applied.WRITTEN]:
                     assert time.monotonic() < deadline, "the replica never caught up"
                 assert stored(replica, run) == len(run.events)
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
         assert waits(primary) >= 4
@@ -103,12 +101,9 @@ def test_a_primary_without_replicas_is_not_waited_for() -> None:
     with local_redis() as server:
 
         async def go() -> None:
-            store = RedisStore(server.url, wait_replicas=None, wait_timeout=WAIT)
-            try:
+            async with waiting(server.url) as store:
                 applied, took = await write(store, [Run("alone")])
                 assert applied == [Applied.WRITTEN] and took < WAIT
-            finally:
-                await store.aclose()
 
         before = waits(server)
         asyncio.run(go())
@@ -125,27 +120,19 @@ def test_on_a_cluster_each_primary_waits_for_its_own_replica() -> None:
             by_port.setdefault(int(node.url.rsplit(":", 1)[1].split("/")[0]), []).append(run)
         assert len(by_port) == 3, "the runs do not cover every primary"
         lagging = cluster.node(next(iter(by_port)))
-        frozen = cluster.replica_of(lagging)
-        process = frozen.process
-        assert process is not None
+        replica = cluster.replica_of(lagging)
 
         async def go() -> None:
-            store = RedisStore(cluster.url, wait_replicas=None, wait_timeout=WAIT)
-            try:
+            async with waiting(cluster.url) as store:
                 applied, _ = await write(store, runs)
                 assert set(applied) == {Applied.WRITTEN}
-                process.send_signal(signal.SIGSTOP)
-                try:
+                with frozen(replica):
                     applied, _ = await write(store, runs)
-                finally:
-                    process.send_signal(signal.SIGCONT)
                 behind = {run.id for run in by_port[next(iter(by_port))]}
                 for run, result in zip(runs, applied, strict=True):
                     assert result is (
                         Applied.UNREPLICATED if run.id in behind else Applied.WRITTEN
                     ), run.id
-            finally:
-                await store.aclose()
 
         asyncio.run(go())
         assert all(waits(node) >= 2 for node in cluster.nodes[:3])

@@ -11,7 +11,6 @@ SIGKILL, or frozen with SIGSTOP, which is what a network partition looks like).
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,7 @@ from gateway.checkpoint.model import Flush, RunRecord, RunState, owner_hash
 from gateway.checkpoint.redis import RedisStore
 from gateway.context import STORE_CHECK_TIMEOUT
 from tests.redis_cluster import running_cluster
-from tests.redis_server import RedisServer, running_redis, running_sentinels
+from tests.redis_server import RedisServer, frozen, role, running_redis, running_sentinels
 from tests.servers import RunningGateway, gateway_config, running_gateway
 
 SLACK = 0.25  # seconds a loaded 2-core machine may add to an answer
@@ -89,18 +88,13 @@ def test_readyz_answers_503_within_its_bound_when_redis_is_frozen(
 ) -> None:
     # A frozen Redis (or a partition, or a host that vanished) answers nothing, not
     # even a reset: only the check's own timeout can say it is gone.
-    process = redis_server.process
-    assert process is not None
     with durable_gateway(chaos, redis_server.url) as gateway:
         wait_for_readiness(gateway, 200, within=STARTING)
-        process.send_signal(signal.SIGSTOP)
-        try:
+        with frozen(redis_server):
             status, reason, took = readiness(gateway)
             assert status == 503, reason
             assert reason == "redis unreachable: TimeoutError"
             assert took < STORE_CHECK_TIMEOUT + SLACK
-        finally:
-            process.send_signal(signal.SIGCONT)
         wait_for_readiness(gateway, 200, within=3)
 
 
@@ -159,13 +153,24 @@ def test_readyz_on_a_cluster_reports_any_dead_primary(chaos: ChaosUpstream) -> N
             node.close()
 
 
-def role(server: RedisServer) -> str:
-    node = redis.Redis.from_url(server.url, socket_timeout=1)
-    try:
-        info: dict[str, Any] = node.info("replication")
-        return str(info["role"])
-    finally:
-        node.close()
+def check_readiness_through_failover(
+    gateway: RunningGateway, primary: RedisServer, replica: RedisServer
+) -> float:
+    """Kill ``primary``: not ready within a second, and not until ``replica`` took over;
+    ready within 2 s after. When it was killed (``time.monotonic()``)."""
+    primary.stop()
+    killed = time.monotonic()
+    reason = wait_for_readiness(gateway, 503, within=1)
+    assert reason is not None and reason.startswith("redis unreachable")
+    while True:
+        status = readiness(gateway)[0]  # asked before: it cannot see a later failover
+        if role(replica) == "master":  # the first node to know it took over
+            break
+        assert status == 503, "ready before the failover"
+        assert time.monotonic() - killed < 15, "no failover within 15 s"
+        time.sleep(0.05)
+    wait_for_readiness(gateway, 200, within=2)
+    return killed
 
 
 def test_readyz_on_a_cluster_follows_a_failover(chaos: ChaosUpstream) -> None:
@@ -177,19 +182,7 @@ def test_readyz_on_a_cluster_follows_a_failover(chaos: ChaosUpstream) -> None:
     ):
         wait_for_readiness(gateway, 200, within=STARTING)
         primary = cluster.nodes[0]  # the node the URL names, too
-        replica = cluster.replica_of(primary)
-        primary.stop()
-        killed = time.monotonic()
-        reason = wait_for_readiness(gateway, 503, within=1)
-        assert reason is not None and reason.startswith("redis unreachable")
-        while True:
-            status = readiness(gateway)[0]  # asked before: it cannot see a later failover
-            if role(replica) == "master":  # the first node to know it took over
-                break
-            assert status == 503, "ready before the failover"
-            assert time.monotonic() - killed < 15, "no failover within 15 s"
-            time.sleep(0.05)
-        wait_for_readiness(gateway, 200, within=2)
+        check_readiness_through_failover(gateway, primary, cluster.replica_of(primary))
 
 
 def test_readyz_on_a_cluster_is_503_while_a_primary_answers_but_cannot_serve_every_slot(
@@ -216,17 +209,6 @@ def test_readyz_on_sentinel_follows_a_failover(chaos: ChaosUpstream) -> None:
         durable_gateway(chaos, sentinels.url) as gateway,
     ):
         wait_for_readiness(gateway, 200, within=STARTING)
-        primary = sentinels.primary()
-        primary.stop()
-        killed = time.monotonic()
-        reason = wait_for_readiness(gateway, 503, within=1)
-        assert reason is not None and reason.startswith("redis unreachable")
-        while True:
-            status = readiness(gateway)[0]  # asked before: it cannot see a later failover
-            if role(sentinels.servers[1]) == "master":  # the replica, promoted
-                break
-            assert status == 503, "ready before the failover"
-            assert time.monotonic() - killed < 15, "no failover within 15 s"
-            time.sleep(0.05)
-        wait_for_readiness(gateway, 200, within=2)
+        replica = sentinels.servers[1]  # promoted once the primary is gone
+        killed = check_readiness_through_failover(gateway, sentinels.primary(), replica)
         assert time.monotonic() - killed < 10
