@@ -123,7 +123,9 @@ def typed_continuation(body: dict[str, Any], continued: ContinuationRequest) -> 
 def replay(events: list[bytes]) -> ResponsesAccumulator:
     """What a client assembled from the events it was sent (a takeover's starting point)."""
     accumulator = ResponsesAccumulator()
-    splicer = ResponsesSplicer(accumulator, model=None, replaying=True)
+    # The client's own events: nothing in them is the gateway's to rewrite (a background
+    # response among them is one the client asked for).
+    splicer = ResponsesSplicer(accumulator, model=None, replaying=True, background=True)
     for event in events:
         data = event.partition(b"\ndata: ")[2].rstrip(b"\n")
         obj = orjson.loads(data) if data else None

@@ -891,3 +891,13 @@ def test_only_a_stored_request_is_asked_in_the_background() -> None:
         "background": True,
     }
     assert plan_recovery(new().snapshot(), resumable=True) is Plan.REATTACH
+
+
+def test_replay_keeps_a_background_response_the_client_asked_for_as_it_is() -> None:
+    splicer = RESPONSES.splicer(ResponsesAccumulator(), {"model": "m", "background": True})
+    leg = Leg("resp_bg")
+    sent = feed(splicer, background_created(leg) + leg.message(0, "msg_a", "Hi"))
+    log = [part + b"\n\n" for part in sent.split(b"\n\n") if part]
+    rebuilt = RESPONSES.replay(log)
+    assert rebuilt.response is not None and rebuilt.response["background"] is True
+    assert rebuilt.seq == len(log) and rebuilt.text == "Hi"
