@@ -37,7 +37,7 @@ from gateway.config.schema import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.otel_env import tracing_enabled
 from gateway.serve import SHUTDOWN_MARGIN
-from tests.servers import free_port, gateway_config, running_gateway
+from tests.servers import free_port, gateway_config, running_gateway, wait_for
 
 ROOT = Path(__file__).parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
@@ -978,6 +978,13 @@ def drive_traffic(client: OpenAI) -> None:
         extra_headers={"x-run-id": raw.headers["x-run-id"], "x-resume-from": "2"},
     )
     assert list(resumed)
+    # A background Responses stream its client leaves: past the detach grace nobody will
+    # read it, and the upstream's response is cancelled.
+    model = "chaos:text=400,seed=67,pace_ms=20"
+    with client.responses.with_streaming_response.create(
+        model=model, input="x", stream=True
+    ) as response:
+        next(response.iter_lines())
 
 
 @pytest.fixture(scope="module")
@@ -985,13 +992,18 @@ def live(chaos: ChaosUpstream) -> Exposition:
     """/metrics of a gateway that relayed TRAFFIC and answered a readiness probe."""
     # Models that refuse a prefill are continued by prefix first (then learned).
     # A circuit that opens on the first failure (the HTTP 500 above) and probes at once.
+    # Responses asked as background responses, and a detached run let go at once.
     upstream = {
         "continuation_models": {"*prefill=0*": "prefix"},
         "circuit": {"failures": 1, "cooldown": 0.01},
+        "background": True,
     }
-    with running_gateway(gateway_config(chaos.base_url, upstream=upstream)) as gateway:
+    config = gateway_config(chaos.base_url, upstream=upstream, state={"detach_grace": 0.2})
+    with running_gateway(config) as gateway:
         with OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
             drive_traffic(client)
+        cancelled = gateway.metrics.upstream_cancels.labels("chaos", "cancelled")
+        wait_for(lambda: cancelled._value.get() == 1, 10, "the abandoned response cancelled")
         with httpx2.Client(base_url=gateway.url) as http:
             assert http.get("/readyz").status_code == 200
             # A WebSocket upgrade where none is served: refused with 426.
