@@ -191,9 +191,10 @@ def test_an_abandoned_run_cancels_its_upstream_response(chaos: ChaosUpstream) ->
             lines = response.iter_lines()
             created = next(line for line in lines if line.startswith("data: "))
         response_id = orjson.loads(created[6:])["response"]["id"]
-        assert wait_for(lambda: chaos.backgrounds.status(response_id) == "cancelled", 10)
-        cancels = gateway.metrics.upstream_cancels.labels("chaos", "cancelled")._value.get()
-        assert cancels == 1
+        # Counted once the upstream answered the cancel (its status changes just before).
+        cancels = gateway.metrics.upstream_cancels.labels("chaos", "cancelled")
+        assert wait_for(lambda: cancels._value.get() == 1, 10)
+        assert chaos.backgrounds.status(response_id) == "cancelled"
         time.sleep(0.1)
         assert [r.method for r in chaos.requests_for(model)] == ["POST"]
 
