@@ -297,12 +297,12 @@ class Run(Reports):
             except UpstreamHTTPError as exc:
                 if trace is not None:
                     trace.attempt_failed(attempt_result(exc), exc.status_code, str(exc))
+                if self.background.refused(leg, exc):  # it names background: that first
+                    attempts.count("background_refused")  # the same leg again, in the foreground
+                    continue
                 if self._refused_prefill(leg, exc):
                     # Not the leg's failure: the same leg again at once, in prompt mode.
                     attempts.count("prefill_refused")
-                    continue
-                if self.background.refused(leg, exc):
-                    attempts.count("background_refused")  # the same leg again, in the foreground
                     continue
                 await attempts.failed_open(exc, first=self._strategy is None)
             except UpstreamFailure as exc:
