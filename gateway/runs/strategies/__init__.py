@@ -20,7 +20,7 @@ exactly, or, for a verified seam, never shown when it does not follow (``SeamDiv
                      was sent (structured output; a continuation that did not follow)
     endings.py       SynthesizeToolUse, FinishAtBudget: the answer ends here
     reattach.py      Reattach: the leg's own background response read again from where it
-                     broke (``same_leg``: no new leg, no seam)
+                     broke (no new leg, no seam)
 
 A new strategy is a ``Plan`` and a module here.
 """

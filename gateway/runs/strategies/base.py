@@ -40,9 +40,6 @@ class Strategy:
     """One plan, carried out. Immutable, shared by every run."""
 
     plan: ClassVar[Plan]
-    # The answer goes on in the same upstream response (no new leg, no seam, nothing the
-    # splicer forgets): ``Reattach``.
-    same_leg: ClassVar[bool] = False
 
     def end(self, stream: ClientStream, *, fatal: bool) -> bytes | None:
         """The end of the answer, without an upstream call; None: ``ask`` an upstream.

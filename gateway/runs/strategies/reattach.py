@@ -13,15 +13,12 @@ left generating is cancelled (nobody would read it).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from gateway.recovery.plan import Plan
 from gateway.runs.strategies.base import Ask, Need, Strategy
 
 
 class Reattach(Strategy):
-    plan = Plan.REATTACH
-    same_leg: ClassVar[bool] = True
+    plan = Plan.REATTACH  # the run reads the leg again itself (``Run._read_again``)
 
     def ask(self, need: Need) -> Ask | None:
-        return None  # no request body: the leg's response is read again (``Run._reattach``)
+        return None  # no request body: the leg's response is read again
